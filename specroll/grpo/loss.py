@@ -1,0 +1,211 @@
+"""The GRPO policy loss: clipped surrogate with clip-higher, optional dual clip and KL penalty.
+
+Per valid token, with ``ratio = exp(logp_new - logp_old)`` and the sequence's advantage ``A``:
+
+    pg = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
+    pg = min(pg, -dual_clip * A)              if dual_clip and A < 0
+    loss_token = pg + kl_coef * kl(logp_new, logp_ref)
+
+then reduced to a scalar by ``aggregate``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specroll.grpo.aggregation import AGGREGATION_MODES, Aggregation, aggregate
+from specroll.grpo.kl import KL_ESTIMATORS, KLEstimator, kl_estimate
+
+
+@dataclass
+class PolicyLossConfig:
+    """Hyper-parameters of ``policy_loss``."""
+
+    clip_low: float = 0.2
+    """Ratio lower bound is ``1 - clip_low``; in ``[0, 1)``."""
+
+    clip_high: float = 0.28
+    """Ratio upper bound is ``1 + clip_high``; larger than ``clip_low`` ("clip-higher", DAPO)
+    so unlikely tokens can gain probability faster, which delays entropy collapse."""
+
+    dual_clip: float | None = None
+    """If set (> 1, e.g. 3.0), caps the per-token loss of negative-advantage tokens at
+    ``-dual_clip * A`` so a huge ratio cannot dominate the batch (dual-clip PPO). None: off."""
+
+    log_ratio_clamp: float = 20.0
+    """``logp_new - logp_old`` is clamped to ``[-log_ratio_clamp, log_ratio_clamp]`` before
+    ``exp``, so a stale or mismatched log-prob cannot overflow the ratio to inf."""
+
+    kl_coef: float = 0.0
+    """Weight ``beta`` of the per-token KL penalty to the reference policy; 0 disables it
+    (GRPO without a reference model, the default)."""
+
+    kl_estimator: KLEstimator = "k3"
+    """KL estimator used for the penalty: ``"k1"``, ``"k2"`` or ``"k3"`` (see ``grpo.kl``)."""
+
+    aggregation: Aggregation = "token-mean"
+    """How per-token losses become a scalar; one of ``AGGREGATION_MODES``."""
+
+    mask_truncated: bool = False
+    """If true, responses that hit the length cap contribute no loss: their missing ending
+    makes their reward say little about the tokens they contain (DAPO overlong filtering)."""
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first invalid field."""
+        if not 0.0 <= self.clip_low < 1.0:
+            raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low}")
+        if not (self.clip_high >= 0.0 and math.isfinite(self.clip_high)):
+            raise ValueError(f"clip_high must be finite and >= 0, got {self.clip_high}")
+        if self.dual_clip is not None and not (
+            self.dual_clip > 1.0 and math.isfinite(self.dual_clip)
+        ):
+            raise ValueError(f"dual_clip must be None or a finite value > 1, got {self.dual_clip}")
+        if not (self.log_ratio_clamp > 0.0 and math.isfinite(self.log_ratio_clamp)):
+            raise ValueError(f"log_ratio_clamp must be finite and > 0, got {self.log_ratio_clamp}")
+        if not (self.kl_coef >= 0.0 and math.isfinite(self.kl_coef)):
+            raise ValueError(f"kl_coef must be finite and >= 0, got {self.kl_coef}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(
+                f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}"
+            )
+        if self.aggregation not in AGGREGATION_MODES:
+            raise ValueError(
+                f"aggregation must be one of {AGGREGATION_MODES}, got {self.aggregation!r}"
+            )
+        if not isinstance(self.mask_truncated, bool):
+            raise ValueError(f"mask_truncated must be a bool, got {self.mask_truncated!r}")
+
+
+def valid_token_mask(
+    mask: Tensor, truncated: Tensor | None, mask_truncated: bool
+) -> Tensor:
+    """The ``[B, T]`` bool mask of tokens that carry loss: ``mask`` minus truncated responses
+    when ``mask_truncated`` is set. Use it to compute a micro-batch's ``normalizer`` share."""
+    valid = mask.bool()
+    if not mask_truncated:
+        return valid
+    if truncated is None:
+        raise ValueError("mask_truncated=True needs the per-response truncated flags")
+    if truncated.shape != valid.shape[:1]:
+        raise ValueError(f"truncated {tuple(truncated.shape)} must be [B={valid.shape[0]}]")
+    return valid & ~truncated.bool()[:, None]
+
+
+def _advantage_stats(advantages: Tensor, valid: Tensor) -> dict[str, Tensor]:
+    """Stats over the responses that carry loss; the population std gives 0, not NaN, for one."""
+    used = advantages[valid.any(dim=-1)]
+    if used.numel() == 0:
+        used = advantages.new_zeros(1)
+    return {
+        "advantage_mean": used.mean(),
+        "advantage_std": used.std(unbiased=False),
+        "advantage_min": used.min(),
+        "advantage_max": used.max(),
+    }
+
+
+def policy_loss(
+    logp_new: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: PolicyLossConfig,
+    logp_ref: Tensor | None = None,
+    truncated: Tensor | None = None,
+    normalizer: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRPO loss for a (micro-)batch of responses; gradient flows into ``logp_new`` only.
+
+    Args:
+        logp_new: ``[B, T]`` log-probs of the sampled tokens under the policy being trained.
+        logp_old: ``[B, T]`` log-probs under the policy that sampled them.
+        advantages: ``[B]`` one advantage per response (``group_advantages``).
+        mask: ``[B, T]`` valid response tokens. Values under a zero mask are ignored, even
+            NaN/inf padding, and receive zero gradient.
+        cfg: loss hyper-parameters; validated here.
+        logp_ref: ``[B, T]`` log-probs under the reference policy; required if
+            ``cfg.kl_coef > 0``.
+        truncated: ``[B]`` bool, responses that hit the length cap; required if
+            ``cfg.mask_truncated``.
+        normalizer: the mini-batch-wide denominator (``aggregation_denominator`` of
+            ``valid_token_mask`` summed over all micro-batches: valid tokens for "token-mean",
+            non-empty sequences for the seq-mean modes), because DeepSpeed gradient
+            accumulation sums micro-batch gradients; the micro-batch losses then add up to the
+            full mini-batch loss. None: this batch is the whole mini-batch.
+
+    Returns:
+        ``(loss, metrics)``; metrics are detached 0-dim tensors. ``loss`` and ``pg_loss`` are
+        this batch's share of the mini-batch value (they sum over micro-batches); the others
+        are means over this batch's valid tokens:
+
+        - ``clip_frac_low``: ratio < 1 - clip_low with A < 0 (clipped branch active);
+        - ``clip_frac_high``: ratio > 1 + clip_high with A > 0;
+        - ``dual_clip_frac`` (only with ``dual_clip``): A < 0 and the cap is active;
+        - ``approx_kl``: k3 estimate of KL(pi_old || pi_new), ``ratio - 1 - log(ratio)``,
+          unbiased because the tokens were sampled from pi_old;
+        - ``kl_ref`` (only with ``logp_ref``): mean of the ``cfg.kl_estimator`` penalty term;
+        - ``advantage_mean/std/min/max``: over responses with at least one valid token.
+    """
+    cfg.validate()
+    if logp_new.dim() != 2 or logp_old.shape != logp_new.shape or mask.shape != logp_new.shape:
+        raise ValueError(
+            f"logp_new {tuple(logp_new.shape)}, logp_old {tuple(logp_old.shape)} and mask "
+            f"{tuple(mask.shape)} must all be the same [B, T]"
+        )
+    if advantages.shape != logp_new.shape[:1]:
+        raise ValueError(f"advantages {tuple(advantages.shape)} must be [B={logp_new.shape[0]}]")
+    if logp_ref is not None and logp_ref.shape != logp_new.shape:
+        raise ValueError(f"logp_ref {tuple(logp_ref.shape)} must match logp_new [B, T]")
+    if cfg.kl_coef > 0 and logp_ref is None:
+        raise ValueError("kl_coef > 0 needs logp_ref")
+
+    valid = valid_token_mask(mask, truncated, cfg.mask_truncated)
+    dtype = torch.promote_types(logp_new.dtype, torch.float32)
+
+    def prepared(logp: Tensor) -> Tensor:
+        # Padding log-probs are often -inf; zeroing them before any arithmetic keeps both
+        # the forward values and the backward pass free of inf - inf = NaN.
+        return torch.where(valid, logp.to(dtype), torch.zeros((), dtype=dtype))
+
+    new = prepared(logp_new)
+    old = prepared(logp_old.detach())
+    adv = advantages.detach().to(dtype)[:, None]
+
+    log_ratio = (new - old).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
+    ratio = torch.exp(log_ratio)
+    clipped_ratio = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    pg = -torch.minimum(ratio * adv, clipped_ratio * adv)
+    negative = adv < 0
+    if cfg.dual_clip is not None:
+        pg = torch.where(negative, torch.minimum(pg, -cfg.dual_clip * adv), pg)
+    per_token = pg
+
+    metrics: dict[str, Tensor] = {}
+    if logp_ref is not None:
+        kl = kl_estimate(
+            new, prepared(logp_ref.detach()), cfg.kl_estimator, cfg.log_ratio_clamp
+        )
+        if cfg.kl_coef > 0:
+            per_token = pg + cfg.kl_coef * kl
+        metrics["kl_ref"] = aggregate(kl.detach(), valid, "token-mean")
+
+    loss = aggregate(per_token, valid, cfg.aggregation, normalizer)
+
+    def token_frac(flags: Tensor) -> Tensor:
+        return aggregate(flags.to(dtype), valid, "token-mean")
+
+    with torch.no_grad():
+        metrics["loss"] = loss.detach()
+        metrics["pg_loss"] = aggregate(pg, valid, cfg.aggregation, normalizer)
+        metrics["clip_frac_low"] = token_frac((ratio < 1.0 - cfg.clip_low) & negative)
+        metrics["clip_frac_high"] = token_frac((ratio > 1.0 + cfg.clip_high) & (adv > 0))
+        if cfg.dual_clip is not None:
+            metrics["dual_clip_frac"] = token_frac((ratio > cfg.dual_clip) & negative)
+        approx_kl = kl_estimate(old, new, "k3", cfg.log_ratio_clamp)
+        metrics["approx_kl"] = aggregate(approx_kl, valid, "token-mean")
+        metrics.update(_advantage_stats(adv[:, 0], valid))
+    return loss, metrics
