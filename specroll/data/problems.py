@@ -1,0 +1,29 @@
+"""The problem record every data source produces and every consumer reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One math word problem.
+
+    Attributes:
+        question: the problem statement shown to the policy.
+        answer: the canonical numeric answer as a string, e.g. ``"42"``, ``"-3.5"`` or ``"7/2"``.
+        solution: a worked solution whose last line is ``#### <answer>``.
+    """
+
+    question: str
+    answer: str
+    solution: str
+
+
+def take_first(problems: list[Problem], limit: int | None) -> list[Problem]:
+    """Return the first ``limit`` problems, or all of them when ``limit`` is None."""
+    if limit is None:
+        return problems
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a positive int or None, got {limit!r}")
+    return problems[:limit]

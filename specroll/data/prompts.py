@@ -1,0 +1,41 @@
+"""Turning a question into the prompt token ids the policy generates from."""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+
+INSTRUCTION = (
+    "Solve the problem step by step. "
+    "Then write the final answer as a number on its own last line, in the form '#### <number>'."
+)
+
+# Tokenizers already warned about, so a training loop warns once rather than per prompt.
+_WARNED_NO_CHAT_TEMPLATE: weakref.WeakSet = weakref.WeakSet()
+
+
+def format_prompt(tokenizer, question: str, instruction: str = INSTRUCTION) -> list[int]:
+    """Token ids of the prompt for ``question``, ending where the model's answer starts.
+
+    The user message is the question followed by ``instruction``, rendered through the
+    tokenizer's chat template with the assistant generation prompt appended. A tokenizer
+    without a chat template gets a plain ``Question: ...\\nAnswer:`` prompt instead, with a
+    warning (once per tokenizer) since base models follow it less reliably.
+    """
+    message = f"{question.strip()}\n\n{instruction}"
+    if tokenizer.chat_template is None:
+        if tokenizer not in _WARNED_NO_CHAT_TEMPLATE:
+            _WARNED_NO_CHAT_TEMPLATE.add(tokenizer)
+            warnings.warn(
+                f"{type(tokenizer).__name__} has no chat template; falling back to a plain "
+                "'Question: ...\\nAnswer:' prompt",
+                stacklevel=2,
+            )
+        # No template wrote the special tokens, so let the tokenizer add its BOS if it has one.
+        return list(tokenizer(f"Question: {message}\nAnswer:")["input_ids"])
+    # Rendering to text first sidesteps apply_chat_template(tokenize=True) returning a
+    # BatchEncoding in transformers 5; the template already holds the special tokens.
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+    )
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

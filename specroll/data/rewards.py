@@ -1,0 +1,190 @@
+"""Answer extraction and rule-based rewards for math responses.
+
+Everything here is a pure function of strings. Answers are compared as exact rationals
+(``fractions.Fraction``) so ``"3.50"``, ``"7/2"`` and ``"\\frac{7}{2}"`` agree and a
+40-digit answer never goes through a float.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from dataclasses import dataclass
+from fractions import Fraction
+
+# Non-ASCII look-alikes that models (and some datasets) emit inside numbers.
+_PUNCTUATION = str.maketrans(
+    {
+        "\u2212": "-",  # minus sign
+        "\uff0d": "-",  # fullwidth hyphen-minus
+        "\uff0b": "+",
+        "\uff0c": ",",
+        "\uff0e": ".",
+        "\u066b": ".",  # Arabic decimal separator
+        "\u066c": ",",  # Arabic thousands separator
+        "\uff04": "$",
+        "\uff0f": "/",
+        "\u2044": "/",  # fraction slash
+    }
+)
+
+_LATEX_FRACTION = re.compile(
+    r"\\[dt]?frac\s*\{\s*(\d[\d,]*(?:\.\d+)?)\s*\}\s*\{\s*(\d+)\s*\}"
+)
+# LaTeX thousands separators: 1{,}234 and 1\,234.
+_LATEX_THOUSANDS = re.compile(r"\{,\}|(?<=\d)\\,(?=\d{3})")
+
+_NUMBER = re.compile(
+    r"""
+    # A sign right after an operand ("5-3") is a binary minus, not part of the number.
+    (?:(?<![\w)\]}])(?P<sign>[-+]))?
+    (?:[$€£¥₹]\s?(?P<sign_after_currency>[-+])?)?
+    (?P<integer>\d{1,3}(?:,\d{3})+(?!\d)|\d+|(?=\.\d))
+    (?:\.(?P<decimals>\d+))?
+    (?:/(?P<denominator>0*[1-9]\d*))?
+    """,
+    re.VERBOSE,
+)
+
+# What follows a marker, up to the end of its line or the next marker.
+_MARKER = re.compile(r"####((?:(?!####)[^\n])*)")
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_FINAL_MARKER_LINE = re.compile(r"(?:\A|\n)[ \t]*####[ \t]*(?P<value>[^\n]*?)\s*\Z")
+
+
+def _normalise_text(text: str) -> str:
+    """Rewrite unicode digits, look-alike punctuation and LaTeX number markup as ASCII."""
+    text = "".join(
+        str(unicodedata.decimal(char)) if char.isdecimal() and not char.isascii() else char
+        for char in text
+    )
+    text = text.translate(_PUNCTUATION)
+    text = _LATEX_FRACTION.sub(r"\1/\2", text)
+    return _LATEX_THOUSANDS.sub(",", text)
+
+
+def _canonical(match: re.Match[str]) -> str:
+    """Canonical string of a matched number: no commas, no redundant zeros, reduced fraction."""
+    signs = (match["sign"] or "") + (match["sign_after_currency"] or "")
+    number = match["integer"].replace(",", "").lstrip("0") or "0"
+    decimals = (match["decimals"] or "").rstrip("0")
+    if decimals:
+        number = f"{number}.{decimals}"
+    if match["denominator"]:
+        denominator = match["denominator"].lstrip("0")
+        try:
+            number = str(Fraction(number) / int(denominator))
+        except ValueError:
+            # Beyond Python's int-string digit limit: keep the literal fraction unreduced.
+            number = f"{number}/{denominator}"
+    if number == "0" or "-" not in signs:
+        return number
+    return f"-{number}"
+
+
+def _first_number(text: str) -> str | None:
+    """Canonical form of the first number in ``text``, or None."""
+    match = _NUMBER.search(text)
+    return _canonical(match) if match else None
+
+
+def _last_number(text: str) -> str | None:
+    """Canonical form of the last number in ``text``, or None."""
+    match = None
+    for match in _NUMBER.finditer(text):
+        pass
+    return _canonical(match) if match else None
+
+
+def _boxed_contents(text: str) -> list[str]:
+    """Contents of every balanced ``\\boxed{...}``, nested braces included, in text order."""
+    contents = []
+    for opening in _BOXED.finditer(text):
+        depth, position = 1, opening.end()
+        while position < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[position], 0)
+            position += 1
+        if depth == 0:
+            contents.append(text[opening.end() : position - 1])
+    return contents
+
+
+def extract_answer(text: str) -> str | None:
+    """Extract the final numeric answer of a response, in canonical form.
+
+    Priority: the number after the last ``####`` marker that has one; else the number in the
+    last ``\\boxed{...}`` that has one; else the last number in the text. Canonical form drops
+    thousands commas, currency, percent signs, a leading ``+``, trailing zeros of decimals and
+    reduces fractions (``"$1,234.50"`` -> ``"1234.5"``, ``"\\frac{14}{4}"`` -> ``"7/2"``);
+    unicode decimal digits become ASCII. Returns None when the text holds no number.
+    """
+    text = _normalise_text(text)
+    for marker in reversed(list(_MARKER.finditer(text))):
+        number = _first_number(marker.group(1))
+        if number is not None:
+            return number
+    for content in reversed(_boxed_contents(text)):
+        number = _first_number(content)
+        if number is not None:
+            return number
+    return _last_number(text)
+
+
+def answers_match(predicted: str | None, gold: str) -> bool:
+    """Whether two answers are the same number; never raises.
+
+    Both sides go through :func:`extract_answer`, so a gold of ``"1,234"`` matches a
+    prediction of ``"1234"``, and ``"3.50"``, ``"7/2"`` and ``"3.5"`` all match each other.
+    """
+    if predicted is None or gold is None:
+        return False
+    predicted, gold = extract_answer(str(predicted)), extract_answer(str(gold))
+    if predicted is None or gold is None:
+        return False
+    if predicted == gold:
+        return True
+    try:
+        return Fraction(predicted) == Fraction(gold)
+    except (ValueError, ZeroDivisionError):
+        # Numbers past Python's int-string digit limit: their canonical strings differ.
+        return False
+
+
+def math_reward(response: str, gold: str) -> float:
+    """1.0 when the answer extracted from ``response`` equals ``gold``, else 0.0."""
+    return 1.0 if answers_match(extract_answer(response), gold) else 0.0
+
+
+def format_reward(response: str) -> float:
+    """1.0 when the response's last non-blank line is ``#### <number>``, else 0.0."""
+    final = _FINAL_MARKER_LINE.search(_normalise_text(response))
+    return 1.0 if final and _NUMBER.fullmatch(final["value"]) else 0.0
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Weights of the rule-based reward.
+
+    Attributes:
+        correct: reward for a correct final answer.
+        format_weight: bonus for ending with a parseable ``#### <number>`` line; 0 disables it.
+    """
+
+    correct: float = 1.0
+    format_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        for field_name in ("correct", "format_weight"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"RewardConfig.{field_name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(
+                    f"RewardConfig.{field_name} must be finite and >= 0, got {value!r}"
+                )
+
+
+def score_response(response: str, gold: str, cfg: RewardConfig) -> float:
+    """Total reward: ``correct * math_reward + format_weight * format_reward``."""
+    return cfg.correct * math_reward(response, gold) + cfg.format_weight * format_reward(response)
