@@ -1,0 +1,134 @@
+"""Preallocated KV cache with per-row lengths.
+
+Rows are responses. Every forward appends T new slots per row right after the row's cached
+prefix (`lengths[b] .. lengths[b] + T`), whatever those T tokens are: a prompt, one decoded
+token, or a draft tree. Which appended slots survive is decided afterwards by the caller:
+`commit` keeps the first k of them (linear decoding), `commit_gather` moves an arbitrary
+subset into place (the accepted path of a tree). Slots beyond `lengths` are never read.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        max_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        live_rows: int | None = None,
+    ) -> None:
+        shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.max_len = max_len
+        # Rows 0..batch_size-1 are live; `batch_size` rows are allocated, `live_rows` start live
+        # (fewer when prompts are prefilled once and then repeated for their n samples).
+        self.batch_size = batch_size if live_rows is None else live_rows
+
+    @classmethod
+    def for_model(cls, model, batch_size: int, max_len: int, live_rows: int | None = None) -> "KVCache":
+        cfg = model.config
+        p = next(model.parameters())
+        return cls(cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim, p.dtype, p.device, live_rows)
+
+    # -- used by the attention layers during a forward ------------------------------------
+    def append_slots(self, num_new: int) -> torch.Tensor:
+        """Slot index of every new token, [B, T]; raises if a row would overflow."""
+        if int(self.lengths.max()) + num_new > self.max_len:
+            raise ValueError(
+                f"KV cache overflow: a row needs {int(self.lengths.max()) + num_new} slots, "
+                f"the cache holds {self.max_len}"
+            )
+        offsets = torch.arange(num_new, device=self.lengths.device)
+        return self.lengths[: self.batch_size, None] + offsets
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store new keys / values ([B, H, T, D]) at `slots` ([B, T])."""
+        rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
+        self.k[layer, rows, :, slots] = k.transpose(1, 2)
+        self.v[layer, rows, :, slots] = v.transpose(1, 2)
+
+    def view(self, layer: int, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the first `num_slots` slots of every live row, [B, H, S, D]."""
+        return self.k[layer, : self.batch_size, :, :num_slots], self.v[layer, : self.batch_size, :, :num_slots]
+
+    def attention_mask(self, new_token_mask: torch.Tensor) -> torch.Tensor:
+        """Which slots each new token may attend to, [B, 1, T, S].
+
+        A new token sees its row's cached prefix plus the new tokens that `new_token_mask`
+        ([B, T, T], True = visible) allows: causal for a sequence, ancestors for a tree.
+        """
+        batch, num_new, _ = new_token_mask.shape
+        num_slots = int(self.lengths[:batch].max()) + num_new
+        slot = torch.arange(num_slots, device=new_token_mask.device)
+        lengths = self.lengths[:batch, None]
+        cached = (slot[None, :] < lengths)[:, None, :].expand(batch, num_new, num_slots)
+        rel = slot[None, :] - lengths  # position of each slot among the new tokens
+        in_new = (rel >= 0) & (rel < num_new)
+        idx = rel.clamp(0, num_new - 1)[:, None, :].expand(batch, num_new, num_slots)
+        new_visible = torch.gather(new_token_mask, 2, idx) & in_new[:, None, :]
+        return (cached | new_visible)[:, None]
+
+    # -- bookkeeping after a forward, by the engine ---------------------------------------
+    def commit(self, counts: torch.Tensor) -> None:
+        """Keep the first `counts[b]` appended slots of each row (linear decoding, prefill)."""
+        self.lengths[: self.batch_size] += counts
+
+    def commit_gather(self, node_index: torch.Tensor, counts: torch.Tensor) -> None:
+        """Keep appended slots `node_index[b, :counts[b]]` (in that order) as the row's next tokens.
+
+        `node_index` is relative to the row's pre-forward length (the tree node order of the
+        last forward). Used to keep the accepted path of a draft tree.
+        """
+        batch, width = node_index.shape
+        rows = torch.arange(batch, device=node_index.device)[:, None].expand(batch, width)
+        base = self.lengths[:batch, None]
+        src = base + node_index
+        dst = base + torch.arange(width, device=node_index.device)
+        # Gather first (all sources read before any destination is written).
+        k = self.k[:, rows, :, src]
+        v = self.v[:, rows, :, src]
+        valid = torch.arange(width, device=node_index.device)[None, :] < counts[:, None]
+        r, c = rows[valid], dst[valid]
+        self.k[:, r, :, c] = k[:, valid]
+        self.v[:, r, :, c] = v[:, valid]
+        self.lengths[:batch] += counts
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (in that order) as rows 0..len(rows)-1; the rest are dropped.
+
+        Only the used prefix of moved rows is copied, so dropping a finished row costs
+        little and the row costs nothing in later forwards.
+        """
+        rows = rows.to(self.lengths.device)
+        n = rows.numel()
+        moved = rows != torch.arange(n, device=rows.device)
+        if bool(moved.any()):
+            src = rows[moved]
+            dst = torch.arange(n, device=rows.device)[moved]
+            used = int(self.lengths[src].max())
+            self.k[:, dst, :, :used] = self.k[:, src, :, :used]
+            self.v[:, dst, :, :used] = self.v[:, src, :, :used]
+            self.lengths[dst] = self.lengths[src]
+        self.batch_size = n
+
+    def repeat_rows(self, repeats: int) -> None:
+        """Row b becomes rows b*repeats .. b*repeats+repeats-1 (a prompt's n samples share its prefill)."""
+        n = self.batch_size
+        if n * repeats > self.k.shape[1]:
+            raise ValueError(f"cannot repeat {n} rows {repeats} times: cache has {self.k.shape[1]} rows")
+        used = int(self.lengths[:n].max())
+        # Walk backwards so no source row is overwritten before it is copied.
+        for b in range(n - 1, -1, -1):
+            dst = slice(b * repeats, (b + 1) * repeats)
+            self.k[:, dst, :, :used] = self.k[:, b : b + 1, :, :used]
+            self.v[:, dst, :, :used] = self.v[:, b : b + 1, :, :used]
+            self.lengths[dst] = self.lengths[b]
+        self.batch_size = n * repeats

