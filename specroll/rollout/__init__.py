@@ -1,6 +1,6 @@
 """Batched rollout generation with the one sampling function of SpecRoll."""
 from .engine import DecodeState, PlainDecoder, RolloutEngine, RolloutOutput, StepResult
-from .sampling import SamplingParams, gumbel_noise, row_generator, sample_tokens, sampling_logprobs
+from .sampling import SamplingParams, row_generator, sample_tokens, sampling_logprobs, uniform_draws
 
 __all__ = [
     "DecodeState",
@@ -9,8 +9,8 @@ __all__ = [
     "RolloutOutput",
     "SamplingParams",
     "StepResult",
-    "gumbel_noise",
     "row_generator",
     "sample_tokens",
     "sampling_logprobs",
+    "uniform_draws",
 ]

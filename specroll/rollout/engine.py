@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..models import KVCache, load_causal_lm
-from .sampling import SamplingParams, gumbel_noise, row_generator, sample_tokens, sampling_logprobs
+from .sampling import SamplingParams, row_generator, uniform_draws, sample_tokens, sampling_logprobs
 
 
 @dataclass
@@ -68,8 +68,8 @@ class PlainDecoder:
 def sample_next(logits: torch.Tensor, generators, params: SamplingParams):
     """Sample one token per row from [B, V] logits with each row's own generator."""
     logprobs = sampling_logprobs(logits, params)
-    noise = None if params.greedy else gumbel_noise(generators, 1, logits.shape[-1], logits.device)[:, 0]
-    return sample_tokens(logprobs, noise, params.greedy)
+    uniforms = None if params.greedy else uniform_draws(generators, 1, logits.device)[:, 0]
+    return sample_tokens(logprobs, uniforms, params.greedy)
 
 
 class RolloutEngine:

@@ -1,8 +1,8 @@
 """The one sampling function of SpecRoll: vanilla decoding and tree verification both use it.
 
 Logits are turned into the log-probabilities of the distribution actually sampled from
-(temperature, then top-k, then top-p, in float32), and a token is drawn by Gumbel-max with
-noise from a per-row generator. Per-row generators make a row's samples depend only on the
+(temperature, then top-k, then top-p, in float32), and a token is drawn by inverse-CDF
+sampling with a uniform from a per-row generator. Per-row generators make a row's samples depend only on the
 seed and the row's identity, never on which other rows share the batch.
 """
 from __future__ import annotations
@@ -72,14 +72,24 @@ def row_generator(seed: int, row_key: tuple[int, ...], device: torch.device | st
     return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
 
 
-def gumbel_noise(generators: list[torch.Generator], num_draws: int, vocab: int, device) -> torch.Tensor:
-    """Independent Gumbel(0, 1) noise [rows, num_draws, V], one generator per row."""
-    u = torch.stack([torch.rand(num_draws, vocab, generator=g, device=device) for g in generators])
-    return -torch.log(-torch.log(u.clamp_(min=1e-20)))
+def uniform_draws(generators: list[torch.Generator], num_draws: int, device) -> torch.Tensor:
+    """Independent U[0, 1) draws [rows, num_draws] (float64), one generator per row."""
+    return torch.stack(
+        [torch.rand(num_draws, generator=g, device=device, dtype=torch.float64) for g in generators]
+    )
 
 
-def sample_tokens(logprobs: torch.Tensor, noise: torch.Tensor | None, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per distribution by Gumbel-max; returns (tokens, their log-probs)."""
-    scores = logprobs if greedy else logprobs + noise
-    tokens = scores.argmax(dim=-1)
+def sample_tokens(logprobs: torch.Tensor, uniforms: torch.Tensor | None, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token from each distribution in `logprobs` [..., V]; returns (tokens, their log-probs).
+
+    Inverse-CDF sampling with one uniform per distribution (`uniforms` [...]): exact, and it
+    needs one random number per tree node instead of V. Greedy takes the argmax.
+    """
+    if greedy:
+        tokens = logprobs.argmax(dim=-1)
+    else:
+        cdf = torch.cumsum(logprobs.exp().double(), dim=-1)
+        target = (uniforms * cdf[..., -1]).unsqueeze(-1)
+        # First index whose cumulative mass exceeds the target: it always has non-zero mass.
+        tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=logprobs.shape[-1] - 1)
     return tokens, torch.gather(logprobs, -1, tokens[..., None]).squeeze(-1)
