@@ -37,17 +37,19 @@ class DecodeState:
     """Per-row state of a generate call; rows are kept in cache order."""
 
     def __init__(self, cache: KVCache, row_ids: torch.Tensor, generators: list[torch.Generator],
-                 last_tokens: torch.Tensor, params: SamplingParams):
+                 last_tokens: torch.Tensor, last_hidden: torch.Tensor, params: SamplingParams):
         self.cache = cache
         self.row_ids = row_ids  # output index of each cache row
         self.generators = generators
         self.last_tokens = last_tokens  # sampled but not yet in the cache
+        self.last_hidden = last_hidden  # final hidden state at the position that produced it
         self.params = params
 
     def keep(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
         self.row_ids = self.row_ids[rows]
         self.last_tokens = self.last_tokens[rows]
+        self.last_hidden = self.last_hidden[rows]
         self.generators = [self.generators[i] for i in rows.tolist()]
 
 
@@ -118,11 +120,12 @@ class RolloutEngine:
         max_len = int(prompt_lens.max()) + params.max_new_tokens + slack
         cache = KVCache.for_model(self.model, num_rows, max_len, live_rows=num_prompts)
 
-        first_logits = self.prefill(prompts, cache)
+        first_logits, first_hidden = self.prefill(prompts, cache)
         cache.repeat_rows(n)
         generators = [row_generator(params.seed, (i, j), self.device) for i in range(num_prompts) for j in range(n)]
         first, first_lp = sample_next(first_logits.repeat_interleave(n, dim=0), generators, params)
-        state = DecodeState(cache, torch.arange(num_rows, device=self.device), generators, first, params)
+        state = DecodeState(cache, torch.arange(num_rows, device=self.device), generators, first,
+                            first_hidden.repeat_interleave(n, dim=0), params)
 
         tokens: list[list[int]] = [[] for _ in range(num_rows)]
         logprobs: list[list[float]] = [[] for _ in range(num_rows)]
@@ -154,8 +157,8 @@ class RolloutEngine:
         stats.update(getattr(self.decoder, "pop_stats", dict)())
         return RolloutOutput(tokens, logprobs, finish, stats)
 
-    def prefill(self, prompts: list[list[int]], cache: KVCache) -> torch.Tensor:
-        """Run every prompt once (right-padded) and return the logits after its last token."""
+    def prefill(self, prompts: list[list[int]], cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run every prompt once (right-padded); logits [P, V] and hidden state [P, D] at its last token."""
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         ids = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long, device=self.device)
         for i, p in enumerate(prompts):
@@ -163,7 +166,8 @@ class RolloutEngine:
         # Right padding is harmless under causal attention: real tokens never see the pads.
         out = self.model(ids, cache=cache, logits_at=(lengths - 1)[:, None])
         cache.commit(lengths)
-        return out.logits[:, 0]
+        last = (lengths - 1)[:, None, None].expand(-1, 1, out.hidden.shape[-1])
+        return out.logits[:, 0], torch.gather(out.hidden, 1, last)[:, 0]
 
     @staticmethod
     def append(step: StepResult, state: DecodeState, tokens, logprobs, finish, row_caps, stops, bar) -> torch.Tensor:

@@ -1,0 +1,47 @@
+"""Configuration of speculative rollouts (mirrored by conf/rollout/specroll.yaml)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .budget import BUDGET_POLICIES
+from .heads import HEAD_TYPES
+
+
+@dataclass
+class SpecConfig:
+    num_heads: int = 4  # H horizon heads = maximum tree depth
+    head_type: str = "path"  # "path" (Hydra-style, reads the tree path) or "medusa"
+    heads_path: str | None = None  # trained heads file; None = freshly initialised heads
+    budget: str = "concurrency"  # node budget policy: fixed | concurrency | cost_model
+    fixed_nodes: int = 8  # nodes per response (root included) for budget=fixed
+    min_nodes: int = 1  # N_min; 1 = plain decoding when speculation does not fit
+    max_nodes: int = 16  # N_max nodes per response, root included
+    capacity: int | None = None  # C_hw override; None = from the cached hardware profile
+    max_children: int = 8  # children drafted per node before the global best-N cut
+    calibration_momentum: float = 0.95  # EMA of per-depth acceptance calibration
+    profile_cache_len: int = 256  # cache length the hardware profile is measured at
+
+    def __post_init__(self) -> None:
+        if self.num_heads < 1:
+            raise ValueError(f"spec.num_heads must be >= 1, got {self.num_heads}")
+        if self.head_type not in HEAD_TYPES:
+            raise ValueError(f"spec.head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
+        if self.budget not in BUDGET_POLICIES:
+            raise ValueError(f"spec.budget must be one of {BUDGET_POLICIES}, got {self.budget!r}")
+        if self.min_nodes < 1:
+            raise ValueError(f"spec.min_nodes must be >= 1, got {self.min_nodes}")
+        if self.max_nodes < self.min_nodes:
+            raise ValueError(f"spec.max_nodes ({self.max_nodes}) must be >= spec.min_nodes ({self.min_nodes})")
+        if not self.min_nodes <= self.fixed_nodes <= self.max_nodes:
+            raise ValueError(f"spec.fixed_nodes must be within [min_nodes, max_nodes], got {self.fixed_nodes}")
+        if self.capacity is not None and self.capacity < 1:
+            raise ValueError(f"spec.capacity must be >= 1 or null, got {self.capacity}")
+        if self.max_children < 1:
+            raise ValueError(f"spec.max_children must be >= 1, got {self.max_children}")
+        if not 0 <= self.calibration_momentum < 1:
+            raise ValueError(f"spec.calibration_momentum must be in [0, 1), got {self.calibration_momentum}")
+
+    def build_decoder(self, model):
+        from .decoder import SpecDecoder
+
+        return SpecDecoder(model, self)

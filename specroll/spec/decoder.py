@@ -1,0 +1,141 @@
+"""Speculative decoding step: draft a sparse tree per response, verify all trees in one pass.
+
+Plugs into `RolloutEngine` like the plain decoder: it feeds each row's last sampled token
+(the root) plus its draft tree, and returns the accepted tokens and the bonus token.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import torch
+
+from ..rollout.engine import DecodeState, StepResult
+from ..rollout.sampling import sampling_logprobs, uniform_draws
+from .budget import concurrency_budget, cost_model_budget
+from .config import SpecConfig
+from .heads import HorizonHeads
+from .profile import get_profile
+from .tree import draft_candidates, root_only_tree, select_tree, tree_attention_mask
+from .verify import verify_tree
+
+
+class SpecDecoder:
+    def __init__(self, model, cfg: SpecConfig, heads: HorizonHeads | None = None) -> None:
+        self.model, self.cfg = model, cfg
+        if heads is None:
+            heads = (HorizonHeads.load(cfg.heads_path, model) if cfg.heads_path
+                     else HorizonHeads.for_model(model, cfg.head_type, cfg.num_heads))
+        self.heads = heads.eval()
+        self.max_tokens_per_step = cfg.max_nodes
+        device = next(model.parameters()).device
+        # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
+        self.observed = torch.ones(heads.num_heads, device=device)
+        self.predicted = torch.ones(heads.num_heads, device=device)
+        self.profile = None
+        if cfg.budget == "cost_model" or (cfg.budget == "concurrency" and cfg.capacity is None):
+            self.profile = get_profile(model, cfg.profile_cache_len)
+        self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
+        self.reset_stats()
+
+    def set_heads(self, heads: HorizonHeads) -> None:
+        """Swap in new head weights (between generate calls)."""
+        self.heads = heads.eval()
+
+    def reset_stats(self) -> None:
+        self.stats = {"tokens_per_step": Counter(), "budget_per_step": [], "accepted_by_depth": [0] * self.heads.num_heads,
+                      "reached_by_depth": [0] * self.heads.num_heads, "time_draft_s": 0.0, "time_verify_s": 0.0,
+                      "time_bookkeeping_s": 0.0, "verify_steps": 0}
+
+    def pop_stats(self) -> dict:
+        s = self.stats
+        hist = dict(sorted(s["tokens_per_step"].items()))
+        emitted = sum(k * v for k, v in hist.items())
+        out = {
+            "verify_steps": s["verify_steps"],
+            "tokens_per_step_hist": hist,
+            "tokens_per_step_mean": emitted / max(sum(hist.values()), 1),
+            "acceptance_by_depth": [a / r if r else 0.0 for a, r in zip(s["accepted_by_depth"], s["reached_by_depth"])],
+            "budget_per_step": s["budget_per_step"],
+            "time_draft_s": s["time_draft_s"],
+            "time_verify_s": s["time_verify_s"],
+            "time_bookkeeping_s": s["time_bookkeeping_s"],
+        }
+        self.reset_stats()
+        return out
+
+    def log_calibration(self) -> torch.Tensor:
+        return (self.observed / self.predicted).log()
+
+    def node_budget(self, active_rows: int, cands) -> int:
+        cfg = self.cfg
+        if cfg.budget == "fixed":
+            return cfg.fixed_nodes
+        if cfg.budget == "concurrency":
+            return concurrency_budget(self.capacity, active_rows, cfg.min_nodes, cfg.max_nodes)
+        return cost_model_budget(cands.expected_tokens(cfg.max_nodes), self.profile, active_rows,
+                                 cfg.min_nodes, cfg.max_nodes)
+
+    def draft(self, state: DecodeState):
+        return draft_candidates(self.heads, self.model, state.last_hidden, state.last_tokens,
+                                self.cfg.max_nodes - 1, self.log_calibration(), self.cfg.max_children)
+
+    @torch.inference_mode()
+    def step(self, state: DecodeState) -> StepResult:
+        t0 = time.perf_counter()
+        batch = state.last_tokens.shape[0]
+        roots = state.last_tokens
+        if self.cfg.budget == "cost_model":
+            # The cost model needs the candidates' acceptance estimates to pick N_t.
+            cands = self.draft(state)
+            budget = self.node_budget(batch, cands)
+        else:
+            budget = self.node_budget(batch, None)
+            cands = self.draft(state) if budget > 1 else None
+        tree = select_tree(cands, budget - 1) if budget > 1 else root_only_tree(batch, roots.device)
+        t1 = time.perf_counter()
+
+        ids = torch.cat((roots[:, None], tree.tokens), dim=1)
+        positions = state.cache.lengths[:batch, None] + torch.cat((torch.zeros_like(roots[:, None]), tree.depths), 1)
+        mask = tree_attention_mask(tree)
+        out = self.model(ids, position_ids=positions, cache=state.cache, new_token_mask=mask)
+        logprobs = sampling_logprobs(out.logits, state.params)
+        uniforms = None if state.params.greedy else uniform_draws(state.generators, budget, roots.device)
+        verdict = verify_tree(logprobs, tree, uniforms, state.params.greedy, self.heads.num_heads)
+        t2 = time.perf_counter()
+
+        state.cache.commit_gather(verdict.path[:, : int(verdict.counts.max())], verdict.counts)
+        last = torch.gather(verdict.path, 1, (verdict.counts - 1)[:, None])
+        state.last_hidden = torch.gather(out.hidden, 1, last[..., None].expand(-1, -1, out.hidden.shape[-1]))[:, 0]
+        if budget > 1:
+            self.update_calibration(verdict)
+        self.record(verdict, budget)
+        self.stats["time_draft_s"] += t1 - t0
+        self.stats["time_verify_s"] += t2 - t1
+        self.stats["time_bookkeeping_s"] += time.perf_counter() - t2
+        return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
+
+    def update_calibration(self, verdict) -> None:
+        """Per depth: EMA of accepted rate vs the head mass drafted under the reached node."""
+        reached = torch.cat((torch.ones_like(verdict.accepted_at_depth[:, :1]), verdict.accepted_at_depth[:, :-1]), 1)
+        has_children = reached & (verdict.reached_node_prob > 0)
+        n = has_children.sum(0).clamp(min=1)
+        observed = (verdict.accepted_at_depth & has_children).sum(0) / n
+        predicted = (verdict.reached_node_prob * has_children).sum(0) / n
+        m = self.cfg.calibration_momentum
+        used = has_children.any(0)
+        self.observed = torch.where(used, m * self.observed + (1 - m) * observed.clamp(min=1e-3), self.observed)
+        self.predicted = torch.where(used, m * self.predicted + (1 - m) * predicted.clamp(min=1e-3), self.predicted)
+
+    def record(self, verdict, budget: int) -> None:
+        s = self.stats
+        s["verify_steps"] += 1
+        s["budget_per_step"].append(budget)
+        s["tokens_per_step"].update(verdict.counts.tolist())
+        if budget == 1:
+            return
+        acc = verdict.accepted_at_depth
+        reached = torch.cat((torch.ones_like(acc[:, :1]), acc[:, :-1]), 1)
+        for d in range(acc.shape[1]):
+            s["accepted_by_depth"][d] += int(acc[:, d].sum())
+            s["reached_by_depth"][d] += int(reached[:, d].sum())

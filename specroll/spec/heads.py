@@ -1,0 +1,140 @@
+"""Horizon heads: light draft heads on the policy's final hidden state.
+
+Head k (k = 1..H) predicts token t+k+1 from h_t (the policy's own LM head predicts t+1).
+Every head ends in the policy's LM head, shared and frozen, never copied: a head is only a
+residual block in hidden space.
+
+- `medusa`: `s_k = h + SiLU(A_k h + b_k)` (Medusa-1); the draft of depth k ignores the path.
+- `path`  : `s_k = s_{k-1} + SiLU(A_k [s_{k-1}; e(x_{t+k})] + b_k)`, `s_0 = h` (Hydra-style):
+  the draft of depth k reads the tokens on its tree path, so children follow the sampled token.
+
+A_k and b_k start at zero, so an untrained head drafts the policy's next-token distribution.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+HEAD_TYPES = ("medusa", "path")
+FORMAT_VERSION = 1
+
+
+def model_fingerprint(model_config) -> str:
+    """What heads must agree with: architecture and vocabulary of the policy."""
+    c = model_config
+    return f"{c.model_type}-L{c.num_layers}-D{c.hidden_size}-V{c.vocab_size}"
+
+
+@dataclass
+class HeadsMeta:
+    head_type: str
+    num_heads: int
+    hidden_size: int
+    base_model: str  # model_fingerprint of the policy the heads were trained on
+    base_model_name: str = ""  # informational: alias / path of that policy
+    version: int = 0  # bumped by every published head update
+    format_version: int = FORMAT_VERSION
+
+
+class HorizonHeads(nn.Module):
+    def __init__(self, head_type: str, num_heads: int, hidden_size: int) -> None:
+        super().__init__()
+        if head_type not in HEAD_TYPES:
+            raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {head_type!r}")
+        if num_heads < 1:
+            raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        self.head_type, self.num_heads, self.hidden_size = head_type, num_heads, hidden_size
+        in_features = hidden_size if head_type == "medusa" else 2 * hidden_size
+        self.blocks = nn.ModuleList(nn.Linear(in_features, hidden_size) for _ in range(num_heads))
+        for block in self.blocks:
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+        self.version = 0
+        self.base_model_name = ""
+        self.base_model = ""
+
+    def step(self, k: int, state: torch.Tensor, hidden: torch.Tensor, token_emb: torch.Tensor | None) -> torch.Tensor:
+        """Hidden-space state of head k (0-based) from its parent's state (path) or h (medusa)."""
+        block = self.blocks[k]
+        if self.head_type == "medusa":
+            return hidden + F.silu(block(hidden))
+        return state + F.silu(block(torch.cat((state, token_emb), dim=-1)))
+
+    def all_states(self, hidden: torch.Tensor, path_emb: torch.Tensor | None) -> torch.Tensor:
+        """States of all heads along known paths (training): hidden [..., D], path_emb [..., H, D]."""
+        states, state = [], hidden
+        for k in range(self.num_heads):
+            state = self.step(k, state, hidden, None if path_emb is None else path_emb[..., k, :])
+            states.append(state)
+        return torch.stack(states, dim=-2)
+
+    # -- persistence ----------------------------------------------------------------------
+    def meta(self) -> HeadsMeta:
+        return HeadsMeta(self.head_type, self.num_heads, self.hidden_size, self.base_model,
+                         self.base_model_name, self.version)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(tmp), metadata={"specroll_heads": json.dumps(asdict(self.meta()))})
+        tmp.replace(path)
+
+    @classmethod
+    def for_model(cls, model, head_type: str = "path", num_heads: int = 4) -> "HorizonHeads":
+        heads = cls(head_type, num_heads, model.config.hidden_size)
+        heads.base_model = model_fingerprint(model.config)
+        heads.base_model_name = model.config.name
+        p = next(model.parameters())
+        return heads.to(device=p.device, dtype=p.dtype)
+
+    @classmethod
+    def load(cls, path: str | Path, model) -> "HorizonHeads":
+        """Load heads saved for `model`; heads made for another architecture are refused."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"heads file not found: {path}")
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                raw = (f.metadata() or {}).get("specroll_heads")
+            state = load_file(str(path))
+        except Exception as exc:
+            raise ValueError(f"corrupt heads file {path}: {exc}") from exc
+        if raw is None:
+            raise ValueError(f"{path} has no SpecRoll heads metadata")
+        meta = HeadsMeta(**json.loads(raw))
+        if meta.format_version > FORMAT_VERSION:
+            raise ValueError(f"{path} has heads format {meta.format_version}; this SpecRoll reads <= {FORMAT_VERSION}")
+        expected = model_fingerprint(model.config)
+        if meta.base_model != expected:
+            raise ValueError(
+                f"heads in {path} were made for model {meta.base_model} ({meta.base_model_name}), "
+                f"not for this policy {expected} ({model.config.name})"
+            )
+        heads = cls(meta.head_type, meta.num_heads, meta.hidden_size)
+        heads.load_state_dict(state)
+        heads.version, heads.base_model, heads.base_model_name = meta.version, meta.base_model, meta.base_model_name
+        p = next(model.parameters())
+        return heads.to(device=p.device, dtype=p.dtype)
+
+
+SHIPPED_HEADS = {"smollm2-135m-instruct": "smollm2-135m-instruct.heads.safetensors"}
+
+
+def shipped_heads(model_name: str) -> Path:
+    """Path of the trained heads that ship with SpecRoll for `model_name`."""
+    if model_name not in SHIPPED_HEADS:
+        raise ValueError(f"no shipped heads for {model_name!r}; shipped: {sorted(SHIPPED_HEADS)}")
+    path = Path(__file__).resolve().parent.parent / "assets" / "heads" / SHIPPED_HEADS[model_name]
+    if not path.is_file():
+        raise FileNotFoundError(f"shipped heads for {model_name!r} are missing at {path}")
+    return path

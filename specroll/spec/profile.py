@@ -1,0 +1,140 @@
+"""Hardware profile: verify-forward latency over batch sizes x nodes per row, and C_hw.
+
+C_hw is the largest total node count (rows x nodes) whose verify forward stays within
+`slack` (1.25x) of a one-token decode step at batch 1. Profiles are cached per model,
+device, dtype and cache length, so the engine measures once.
+
+Command: python -m specroll.spec.profile --model smollm2-135m-instruct [--dtype float32]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..models import KVCache
+from ..models.loading import cache_root
+
+QUICK_GRID = {"batch_sizes": [1, 4, 16], "nodes": [1, 4, 16]}
+FULL_GRID = {"batch_sizes": [1, 2, 4, 8, 16, 32, 64], "nodes": [1, 2, 4, 8, 16, 32]}
+
+
+@dataclass
+class HardwareProfile:
+    model: str
+    device: str
+    dtype: str
+    cache_len: int
+    batch_sizes: list[int]
+    nodes: list[int]
+    latency_s: list[list[float]]  # [batch index][nodes index], median seconds
+    slack: float = 1.25
+    capacity: int = field(default=0)  # C_hw
+
+    def latency(self, batch: int, nodes: int) -> float:
+        """Interpolated verify latency (seconds) for `batch` rows of `nodes` nodes each."""
+        table = np.asarray(self.latency_s)
+        per_batch = [np.interp(nodes, self.nodes, row) for row in table]
+        return float(np.interp(batch, self.batch_sizes, per_batch))
+
+    def derive_capacity(self) -> int:
+        base = self.latency_s[0][0] if self.batch_sizes[0] == 1 and self.nodes[0] == 1 else self.latency(1, 1)
+        fits = [b * n for i, b in enumerate(self.batch_sizes) for j, n in enumerate(self.nodes)
+                if self.latency_s[i][j] <= self.slack * base]
+        return max(fits, default=1)
+
+    @staticmethod
+    def cache_path(model: str, device: str, dtype: str, cache_len: int) -> Path:
+        safe = model.replace("/", "_")
+        return cache_root() / "profiles" / f"{safe}-{device}-{dtype}-L{cache_len}.json"
+
+    def save(self) -> Path:
+        path = self.cache_path(self.model, self.device, self.dtype, self.cache_len)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, model: str, device: str, dtype: str, cache_len: int) -> "HardwareProfile | None":
+        path = cls.cache_path(model, device, dtype, cache_len)
+        return cls(**json.loads(path.read_text())) if path.is_file() else None
+
+
+@torch.inference_mode()
+def measure_profile(model, cache_len: int = 256, batch_sizes=None, nodes=None, repeats: int = 3,
+                    show_progress: bool = False) -> HardwareProfile:
+    batch_sizes = batch_sizes or QUICK_GRID["batch_sizes"]
+    nodes = nodes or QUICK_GRID["nodes"]
+    p = next(model.parameters())
+    cfg = model.config
+    table = []
+    total = len(batch_sizes) * len(nodes)
+    for bi, batch in enumerate(batch_sizes):
+        row = []
+        cache = KVCache.for_model(model, batch, cache_len + max(nodes))
+        cache.lengths[:] = cache_len
+        for ni, n in enumerate(nodes):
+            ids = torch.randint(0, cfg.vocab_size, (batch, n), device=p.device)
+            # A chain is the worst case for nothing and the same cost as any tree of n nodes.
+            mask = torch.ones(n, n, dtype=torch.bool, device=p.device).tril().expand(batch, n, n)
+            times = []
+            for _ in range(repeats + 1):
+                if p.device.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                model(ids, cache=cache, new_token_mask=mask)
+                if p.device.type == "cuda":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+            row.append(float(np.median(times[1:])))
+            if show_progress:
+                print(f"  profile {bi * len(nodes) + ni + 1}/{total}: batch {batch:3d} x {n:3d} nodes "
+                      f"{row[-1] * 1e3:8.1f} ms", flush=True)
+        table.append(row)
+    prof = HardwareProfile(cfg.name or "unnamed", p.device.type, str(p.dtype).removeprefix("torch."),
+                           cache_len, list(batch_sizes), list(nodes), table)
+    prof.capacity = prof.derive_capacity()
+    return prof
+
+
+def get_profile(model, cache_len: int = 256) -> HardwareProfile:
+    """The cached profile for this model / device / dtype, or a quick measurement (then cached)."""
+    p = next(model.parameters())
+    dtype = str(p.dtype).removeprefix("torch.")
+    name = model.config.name or "unnamed"
+    prof = HardwareProfile.load(name, p.device.type, dtype, cache_len)
+    if prof is None:
+        prof = measure_profile(model, cache_len)
+        if model.config.name:
+            prof.save()
+    return prof
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ..models import load_causal_lm
+
+    ap = argparse.ArgumentParser(description="Profile verify-forward latency and derive C_hw.")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--cache-len", type=int, default=256)
+    ap.add_argument("--quick", action="store_true", help="3x3 grid instead of the full one")
+    args = ap.parse_args(argv)
+    model, _ = load_causal_lm(args.model, dtype=args.dtype, device=args.device)
+    grid = QUICK_GRID if args.quick else FULL_GRID
+    prof = measure_profile(model, args.cache_len, grid["batch_sizes"], grid["nodes"], show_progress=True)
+    path = prof.save()
+    print(f"\nverify latency (ms), {prof.model} on {prof.device} {prof.dtype}, cache length {prof.cache_len}")
+    print("batch \\ nodes " + "".join(f"{n:>9d}" for n in prof.nodes))
+    for b, row in zip(prof.batch_sizes, prof.latency_s):
+        print(f"{b:>13d} " + "".join(f"{t * 1e3:9.1f}" for t in row))
+    print(f"\nC_hw = {prof.capacity} nodes (within {prof.slack}x of a one-token step); saved to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Sparse draft trees: per response, the nodes most likely to be reached under a node budget.
+
+A node's score is its estimated log-probability of being accepted: the sum along its path
+of (head log-probability + per-depth calibration), never above its parent's. Drafting goes
+depth by depth over a frontier, batched over rows; the tree is then the best `num_drafts`
+candidates. Because a child always ranks below its parent, any best-k prefix is a connected
+tree, so one drafting pass serves every budget up to the maximum.
+
+Indexing: in a verify pass node 0 is the root (the last sampled token, not yet cached) and
+draft node i (0-based) sits at index i + 1. Parents point into that combined indexing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Ranks a child strictly below its parent even when its own step has probability one.
+_DEPTH_TIEBREAK = 1e-4
+
+
+@dataclass
+class Candidates:
+    """All drafted nodes of a step, in drafting order (parents before children)."""
+
+    tokens: torch.Tensor  # [B, C]
+    parents: torch.Tensor  # [B, C] candidate index of the parent, -1 for the root
+    depths: torch.Tensor  # [B, C] 1..H
+    scores: torch.Tensor  # [B, C] estimated log-probability of acceptance (-inf = unusable)
+    head_probs: torch.Tensor  # [B, C] head probability of the token given its parent
+
+    def ranked(self) -> torch.Tensor:
+        """Candidate order by decreasing score, parents always before their children: [B, C]."""
+        key = self.scores - _DEPTH_TIEBREAK * self.depths
+        return key.argsort(dim=1, descending=True, stable=True)
+
+    def expected_tokens(self, max_nodes: int) -> torch.Tensor:
+        """[B, max_nodes] expected tokens per verify step with a tree of n = 1..max_nodes nodes."""
+        order = self.ranked()[:, : max_nodes - 1]
+        probs = torch.gather(self.scores, 1, order).exp()
+        return torch.cat((torch.ones_like(probs[:, :1]), 1 + probs.cumsum(1)), dim=1)
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor  # [B, M] draft tokens (combined index i + 1)
+    parents: torch.Tensor  # [B, M] combined index of the parent (0 = root)
+    depths: torch.Tensor  # [B, M]
+    valid: torch.Tensor  # [B, M] False for padding when a row has fewer usable nodes
+    head_probs: torch.Tensor  # [B, M]
+
+    @property
+    def num_drafts(self) -> int:
+        return self.tokens.shape[1]
+
+
+@torch.no_grad()
+def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, max_drafts: int,
+                     log_calibration: torch.Tensor, max_children: int = 8) -> Candidates:
+    """Draft up to `max_drafts` nodes per depth for each row from its own heads.
+
+    hidden [B, D]: the policy's final hidden state at the position that produced `roots` [B].
+    log_calibration [H]: per-depth log correction of head probabilities (learned online).
+    """
+    batch = hidden.shape[0]
+    width = min(max_children, max_drafts)
+    state = hidden[:, None]  # [B, F, D]: the state each frontier node was drafted from
+    frontier_tokens = roots[:, None]
+    frontier_scores = torch.zeros(batch, 1, device=hidden.device)
+    frontier_ids = torch.full((batch, 1), -1, dtype=torch.long, device=hidden.device)
+    tokens, parents, depths, scores, head_probs = [], [], [], [], []
+    next_id = 0
+    for d in range(heads.num_heads):
+        if heads.head_type == "medusa":
+            # A medusa head ignores the path: one distribution per row serves the whole depth.
+            states = heads.step(d, None, hidden[:, None], None)
+        else:
+            emb = model.embed_tokens(frontier_tokens)
+            states = heads.step(d, state, hidden[:, None].expand_as(emb), emb)
+        logp = torch.log_softmax(model.lm_head(states).float(), dim=-1)
+        top_lp, top_tok = logp.topk(width, dim=-1)  # [B, F or 1, W]
+        step = (top_lp + log_calibration[d]).clamp(max=0.0)
+        cand = (frontier_scores[..., None] + step).flatten(1)  # [B, F*W]
+        keep = min(max_drafts, cand.shape[1])
+        best, idx = cand.topk(keep, dim=1)
+        parent_slot = idx // width
+        flat_tok = top_tok.expand(batch, frontier_tokens.shape[1], width).flatten(1)
+        flat_lp = top_lp.expand(batch, frontier_tokens.shape[1], width).flatten(1)
+        tokens.append(torch.gather(flat_tok, 1, idx))
+        parents.append(torch.gather(frontier_ids, 1, parent_slot))
+        depths.append(torch.full_like(idx, d + 1))
+        scores.append(best)
+        head_probs.append(torch.gather(flat_lp, 1, idx).exp())
+        # The kept nodes become the next frontier.
+        if heads.head_type == "path":
+            state = torch.gather(states, 1, parent_slot[..., None].expand(-1, -1, states.shape[-1]))
+        frontier_tokens, frontier_scores = tokens[-1], best
+        frontier_ids = torch.arange(next_id, next_id + keep, device=hidden.device)[None].expand(batch, keep)
+        next_id += keep
+    return Candidates(torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(depths, 1),
+                      torch.cat(scores, 1), torch.cat(head_probs, 1))
+
+
+def select_tree(cands: Candidates, num_drafts: int) -> DraftTree:
+    """The best `num_drafts` candidates per row, as a tree in drafting order."""
+    batch = cands.tokens.shape[0]
+    chosen = cands.ranked()[:, :num_drafts].sort(dim=1).values  # drafting order: parents first
+    tokens = torch.gather(cands.tokens, 1, chosen)
+    depths = torch.gather(cands.depths, 1, chosen)
+    scores = torch.gather(cands.scores, 1, chosen)
+    head_probs = torch.gather(cands.head_probs, 1, chosen)
+    # Map candidate ids to combined indices (root = 0, chosen node j = j + 1).
+    combined = torch.zeros(batch, cands.tokens.shape[1] + 1, dtype=torch.long, device=tokens.device)
+    combined.scatter_(1, chosen + 1, torch.arange(1, num_drafts + 1, device=tokens.device).expand(batch, -1))
+    parents = torch.gather(combined, 1, torch.gather(cands.parents, 1, chosen) + 1)
+    valid = torch.isfinite(scores)
+    return DraftTree(tokens, parents.masked_fill(~valid, 0), depths, valid, head_probs)
+
+
+def tree_attention_mask(tree: DraftTree) -> torch.Tensor:
+    """[B, 1+M, 1+M]: each node sees itself and its ancestors (the root included)."""
+    batch, m = tree.tokens.shape
+    mask = torch.eye(m + 1, dtype=torch.bool, device=tree.tokens.device).repeat(batch, 1, 1)
+    rows = torch.arange(batch, device=tree.tokens.device)
+    for i in range(1, m + 1):
+        mask[:, i] |= mask[rows, tree.parents[:, i - 1]]
+    return mask
+
+
+def root_only_tree(batch: int, device) -> DraftTree:
+    empty = torch.zeros(batch, 0, dtype=torch.long, device=device)
+    return DraftTree(empty, empty, empty, empty.bool(), empty.float())

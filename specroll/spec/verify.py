@@ -1,0 +1,62 @@
+"""Exact tree verification by sample-and-match (SPECROLL.md section 2).
+
+At every node v of the tree the policy's distribution p_v (after the same temperature /
+top-k / top-p processing as plain sampling) gives one independent sample y_v. From the root,
+while y_v equals a drafted child of v, move to that child. Emit the accepted children and
+finally y of the last node reached (the bonus token). Every emitted token is a sample of p
+given its true prefix, whatever the drafts were, so responses are distributed exactly as
+plain sampling.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..rollout.sampling import sample_tokens
+from .tree import DraftTree
+
+
+@dataclass
+class Verdict:
+    path: torch.Tensor  # [B, H+1] combined node indices root..last accepted (padded with the last)
+    counts: torch.Tensor  # [B] emitted tokens = accepted drafts + 1 (the bonus)
+    tokens: torch.Tensor  # [B, H+1] emitted tokens (first `counts` are real)
+    logprobs: torch.Tensor  # [B, H+1] their log-probabilities under the policy
+    accepted_at_depth: torch.Tensor  # [B, H] whether depth d+1 was accepted
+    reached_node_prob: torch.Tensor  # [B, H] head probability mass drafted below the node at depth d
+
+
+def verify_tree(logprobs: torch.Tensor, tree: DraftTree, uniforms: torch.Tensor | None, greedy: bool,
+                max_depth: int) -> Verdict:
+    """logprobs [B, 1+M, V] at root and nodes; uniforms [B, 1+M] (one fresh draw per node)."""
+    samples, sample_lp = sample_tokens(logprobs, uniforms, greedy)  # [B, 1+M]
+    batch = samples.shape[0]
+    device = samples.device
+    current = torch.zeros(batch, dtype=torch.long, device=device)
+    alive = torch.ones(batch, dtype=torch.bool, device=device)
+    path = [current]
+    accepted, drafted_mass = [], []
+    # Head probability mass of each node's drafted children: a calibration signal.
+    child_mass = torch.zeros(batch, tree.num_drafts + 1, device=device)
+    child_mass.scatter_add_(1, tree.parents, tree.head_probs.float() * tree.valid)
+    for _ in range(max_depth):
+        wanted = torch.gather(samples, 1, current[:, None])
+        match = (tree.parents == current[:, None]) & (tree.tokens == wanted) & tree.valid & alive[:, None]
+        moved = match.any(dim=1)
+        drafted_mass.append(torch.where(alive, torch.gather(child_mass, 1, current[:, None]).squeeze(1), 0.0))
+        accepted.append(moved)
+        # Children carry distinct tokens, so at most one matches.
+        current = torch.where(moved, match.int().argmax(dim=1) + 1, current)
+        alive &= moved
+        path.append(current)
+    path_t = torch.stack(path, dim=1)
+    counts = torch.stack(accepted, dim=1).sum(dim=1) + 1
+    return Verdict(
+        path=path_t,
+        counts=counts,
+        tokens=torch.gather(samples, 1, path_t),
+        logprobs=torch.gather(sample_lp, 1, path_t),
+        accepted_at_depth=torch.stack(accepted, dim=1),
+        reached_node_prob=torch.stack(drafted_mass, dim=1),
+    )
