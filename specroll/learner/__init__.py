@@ -1,0 +1,27 @@
+"""The GRPO learner: DeepSpeed-wrapped policy updates, run checkpoints and HF export."""
+from .batching import GRPOSamples, MicroBatch, loss_normalizer, micro_batch_indices, mini_batch_indices, pad_samples
+from .checkpoint import ResumeState, export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import LearnerConfig
+from .grpo_learner import GRPOLearner, build_ds_config, ensure_distributed, lr_multiplier
+from .logprobs import ResponseLogprobs, sequence_logprobs
+
+__all__ = [
+    "GRPOLearner",
+    "GRPOSamples",
+    "LearnerConfig",
+    "MicroBatch",
+    "ResponseLogprobs",
+    "ResumeState",
+    "build_ds_config",
+    "ensure_distributed",
+    "export_hf",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "loss_normalizer",
+    "lr_multiplier",
+    "micro_batch_indices",
+    "mini_batch_indices",
+    "pad_samples",
+    "save_checkpoint",
+    "sequence_logprobs",
+]

@@ -1,0 +1,58 @@
+"""Log-probabilities of response tokens under a policy, computed where they are needed only."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from specroll.grpo import entropy_from_logits
+
+
+class ResponseLogprobs(NamedTuple):
+    logprobs: torch.Tensor  # [B, R] float32, log p(response token r | everything before it)
+    mask: torch.Tensor  # [B, R] bool, real response tokens (R = longest response)
+    entropy: torch.Tensor | None  # 0-dim mean entropy over the masked positions, if asked
+
+
+def sequence_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    prompt_lens: torch.Tensor,
+    response_lens: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> ResponseLogprobs:
+    """Per-token log-probs of the responses in right-padded `input_ids` [B, T].
+
+    Row b holds `prompt_lens[b]` prompt tokens, then `response_lens[b]` response tokens, then
+    padding. Right padding needs no attention mask: under causal attention real tokens never
+    see the pads behind them, and positions 0..T-1 are already right for every row.
+
+    Only the R = max(response_lens) positions that predict a response token go through the
+    LM head, and the [B, R, V] logits are reduced in float32 (bf16 loses small
+    probabilities): log p = z_token - logsumexp(z). `model` is a `CausalLM` or a DeepSpeed
+    engine wrapping one. Entries beyond a row's response are 0 and masked.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, T], got {tuple(input_ids.shape)}")
+    if prompt_lens.min() < 1:
+        raise ValueError("every row needs at least one prompt token to predict its first response token")
+    if int((prompt_lens + response_lens).max()) > input_ids.shape[1]:
+        raise ValueError("prompt_lens + response_lens exceed the width of input_ids")
+    width = max(int(response_lens.max()), 1)
+    offsets = torch.arange(width, device=input_ids.device)
+    mask = offsets[None] < response_lens[:, None]
+    # Position t predicts token t + 1; padding columns read the last position (masked anyway).
+    predicts_at = (prompt_lens[:, None] - 1 + offsets[None]).clamp(max=input_ids.shape[1] - 1)
+    targets = input_ids.gather(1, (predicts_at + 1).clamp(max=input_ids.shape[1] - 1))
+    logits = model(input_ids, logits_at=predicts_at).logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    token_logits = logits.gather(-1, targets[..., None]).squeeze(-1)
+    logprobs = token_logits - torch.logsumexp(logits, dim=-1)
+    logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach(), mask)
+    return ResponseLogprobs(logprobs, mask, entropy)
