@@ -1,0 +1,345 @@
+"""The GRPO learner: the policy wrapped in DeepSpeed, updated from rollout samples.
+
+Gradient accumulation. DeepSpeed divides each backward by `gradient_accumulation_steps`
+and assumes a fixed number of micro-batches per step, but token-budgeted micro-batches vary
+in number. So DeepSpeed is configured with `gradient_accumulation_steps=1`, every backward
+passes `scale_wrt_gas=False`, and the learner marks the last micro-batch of each mini-batch
+with `set_gradient_accumulation_boundary(True)` before calling `engine.step()` once. Each
+micro-batch loss is divided by the mini-batch-wide normaliser, so the accumulated gradient
+is exactly the full mini-batch gradient. Across data-parallel ranks the normaliser is summed
+and the loss multiplied by the world size, because DeepSpeed averages gradients over ranks.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from specroll.grpo import policy_loss, valid_token_mask
+from specroll.models import CausalLM, resolve_device
+
+from .batching import GRPOSamples, MicroBatch, loss_normalizer, micro_batch_indices, mini_batch_indices, pad_samples
+from .config import LearnerConfig
+from .logprobs import sequence_logprobs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_distributed(device: torch.device) -> None:
+    """Join (or create) the process-wide process group: gloo on CPU, NCCL on CUDA.
+
+    A plain `python` process gets single-rank defaults; launchers (Ray actors, torchrun)
+    set RANK / WORLD_SIZE / MASTER_* themselves.
+    """
+    os.environ.setdefault("DS_ACCELERATOR", device.type)
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator().device_name()
+    if accelerator != device.type:
+        raise ValueError(
+            f"learner device is {device.type!r} but DeepSpeed's accelerator is {accelerator!r}; "
+            f"set DS_ACCELERATOR={device.type} before deepspeed is first imported"
+        )
+    if dist.is_initialized():
+        return
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else "nccl", verbose=False)
+
+
+def lr_multiplier(step: int, cfg: LearnerConfig) -> float:
+    """Factor on `cfg.lr` for the optimizer step `step` (0-based)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / (cfg.total_steps - cfg.warmup_steps))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_ds_config(cfg: LearnerConfig) -> dict:
+    """The DeepSpeed config dict; see the module docstring for the accumulation settings."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "bf16": {"enabled": cfg.dtype == "bfloat16"},
+        "fp16": {"enabled": False},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": cfg.lr,
+                "betas": list(cfg.betas),
+                "eps": cfg.adam_eps,
+                "weight_decay": cfg.weight_decay,
+                "torch_adam": True,
+            },
+        },
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def all_reduce(values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
+    if world_size() == 1:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+class MetricSums:
+    """Sums behind the train/* metrics of one `update`, reduced over ranks at the end."""
+
+    PER_TOKEN = ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "approx_kl", "kl_ref", "entropy")
+    # A fixed key list: every rank must all-reduce the same vector.
+    KEYS = tuple(k for key in PER_TOKEN for k in (key, f"{key}/tokens")) + (
+        "loss", "pg_loss", "lr", "grad_norm", "optimizer_steps", "skipped_steps", "real_tokens", "padded_tokens",
+    )
+
+    def __init__(self) -> None:
+        self.sums = dict.fromkeys(self.KEYS, 0.0)
+
+    def add(self, key: str, value: float) -> None:
+        self.sums[key] += float(value)
+
+    def add_micro_batch(self, metrics: dict[str, torch.Tensor], entropy: torch.Tensor, tokens: int) -> None:
+        for key in self.PER_TOKEN:
+            value = entropy if key == "entropy" else metrics.get(key)
+            if value is not None:
+                self.add(key, float(value) * tokens)
+                self.add(f"{key}/tokens", tokens)
+        self.add("loss", metrics["loss"])
+        self.add("pg_loss", metrics["pg_loss"])
+
+    def reduced(self) -> dict[str, float]:
+        return dict(zip(self.KEYS, all_reduce([self.sums[k] for k in self.KEYS])))
+
+
+class GRPOLearner:
+    """Holds the policy in a DeepSpeed engine; `update` runs GRPO on one rollout batch.
+
+    With several ranks every method is collective: each rank calls it with its own shard of
+    the samples (the same number of samples on every rank).
+    """
+
+    def __init__(self, model: CausalLM, cfg: LearnerConfig, reference: CausalLM | None = None) -> None:
+        import deepspeed
+
+        cfg.validate()
+        self.cfg = cfg
+        self.model_config = model.config
+        self.device = resolve_device(cfg.device)
+        ensure_distributed(self.device)
+        dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+        if cfg.use_reference and reference is None:
+            # Copied before DeepSpeed touches the model: ZeRO-3 partitions weights in place.
+            reference = copy.deepcopy(model)
+        self.reference = None
+        if reference is not None:
+            self.reference = reference.to(device=self.device, dtype=dtype).eval().requires_grad_(False)
+        self.engine, *_ = deepspeed.initialize(
+            model=model.to(dtype=dtype),
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=build_ds_config(cfg),
+            lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda step: lr_multiplier(step, cfg)
+            ),
+        )
+        self.version = 0
+
+    @property
+    def module(self) -> CausalLM:
+        return self.engine.module
+
+    def build_samples(
+        self,
+        prompt_ids: list[list[int]],
+        response_ids: list[list[int]],
+        rewards,
+        group_size: int,
+        truncated=None,
+        old_logprobs: list[torch.Tensor] | None = None,
+    ) -> GRPOSamples:
+        """`GRPOSamples.from_rollouts` with this learner's advantage and invalid-reward settings."""
+        return GRPOSamples.from_rollouts(
+            prompt_ids,
+            response_ids,
+            rewards,
+            group_size,
+            truncated=truncated,
+            old_logprobs=old_logprobs,
+            scale_by_std=self.cfg.scale_advantages_by_std,
+            on_invalid=self.cfg.on_invalid_reward,
+        )
+
+    def check_samples(self, samples: GRPOSamples) -> None:
+        samples.validate(self.cfg.max_response_len, self.cfg.max_seq_len, self.model_config.vocab_size)
+
+    def micro_batches(self, samples: GRPOSamples, indices: list[int], old=None, ref=None) -> list[MicroBatch]:
+        groups = micro_batch_indices(samples.sequence_lengths(), indices, self.cfg.micro_batch_tokens)
+        return [pad_samples(samples, g, old, ref).to(self.device) for g in groups]
+
+    @torch.no_grad()
+    def compute_logprobs(self, samples: GRPOSamples, use_reference: bool = False) -> list[torch.Tensor]:
+        """Per-response log-probs [len_i] (float32, CPU) under the current policy, or the reference."""
+        self.check_samples(samples)
+        if use_reference and self.reference is None:
+            raise ValueError("no reference model: construct the learner with use_reference=True")
+        model = self.reference if use_reference else self.engine
+        out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+        batches = self.micro_batches(samples, list(range(len(samples))))
+        # ZeRO-3 gathers weights inside each forward: every rank runs as many as the busiest.
+        num_forwards = len(batches) if use_reference else int(all_reduce([len(batches)], dist.ReduceOp.MAX)[0])
+        for k in range(num_forwards):
+            mb = batches[min(k, len(batches) - 1)]
+            logprobs = sequence_logprobs(model, mb.input_ids, mb.prompt_lens, mb.response_lens, self.cfg.temperature)
+            if k >= len(batches):
+                continue
+            for row, (index, length) in enumerate(zip(mb.indices.tolist(), mb.response_lens.tolist())):
+                out[index] = logprobs.logprobs[row, :length].cpu()
+        return out
+
+    def update(self, samples: GRPOSamples) -> dict[str, float]:
+        """`ppo_epochs` passes of shuffled mini-batches, one optimizer step each; train/* metrics."""
+        self.check_samples(samples)
+        if world_size() > 1:
+            most, fewest = all_reduce([len(samples), -len(samples)], dist.ReduceOp.MAX)
+            if most != -fewest:
+                raise ValueError(f"every rank must pass the same number of samples, got {-fewest:.0f} to {most:.0f}")
+        old = samples.old_logprobs if samples.old_logprobs is not None else self.compute_logprobs(samples)
+        ref = self.compute_logprobs(samples, use_reference=True) if self.reference is not None else None
+        sums = MetricSums()
+        start_version = self.version
+        for epoch in range(self.cfg.ppo_epochs):
+            # Derived from the step, not drawn from a running generator: a resumed run shuffles alike.
+            generator = torch.Generator().manual_seed((self.cfg.seed * 1_000_003 + start_version) * 1009 + epoch)
+            for indices in mini_batch_indices(len(samples), self.cfg.mini_batch_size, generator):
+                self.optimizer_step(self.micro_batches(samples, indices, old, ref), sums)
+        return self.finish_metrics(sums, samples)
+
+    def optimizer_step(self, batches: list[MicroBatch], sums: MetricSums) -> None:
+        loss_cfg = self.cfg.loss
+        normalizer = all_reduce([loss_normalizer(batches, loss_cfg)])[0]
+        num_micro = int(all_reduce([len(batches)], dist.ReduceOp.MAX)[0])
+        sums.add("real_tokens", sum(int((mb.prompt_lens + mb.response_lens).sum()) for mb in batches))
+        sums.add("padded_tokens", sum(mb.num_padded_tokens for mb in batches))
+        if normalizer == 0:
+            # Every token is masked (e.g. all responses truncated): no signal, so no step.
+            sums.add("skipped_steps", 1)
+            return
+        for k in range(num_micro):
+            # A rank with fewer micro-batches repeats its last one with zero weight, so every
+            # rank runs the same forward/backward collectives (ZeRO-2/3).
+            mb, weight = (batches[k], 1.0) if k < len(batches) else (batches[-1], 0.0)
+            self.engine.set_gradient_accumulation_boundary(k == num_micro - 1)
+            out = sequence_logprobs(
+                self.engine, mb.input_ids, mb.prompt_lens, mb.response_lens, self.cfg.temperature, with_entropy=True
+            )
+            loss, metrics = policy_loss(
+                out.logprobs,
+                mb.old_logprobs,
+                mb.advantages,
+                out.mask,
+                loss_cfg,
+                logp_ref=mb.ref_logprobs,
+                truncated=mb.truncated,
+                normalizer=normalizer,
+            )
+            self.engine.backward(loss * (weight * world_size()), scale_wrt_gas=False)
+            if weight:
+                tokens = int(valid_token_mask(out.mask, mb.truncated, loss_cfg.mask_truncated).sum())
+                sums.add_micro_batch(metrics, out.entropy, tokens)
+        grad_norm = self.unreported_grad_norm()
+        sums.add("lr", self.engine.get_lr()[0])
+        self.engine.step()
+        if grad_norm is None:
+            grad_norm = self.engine.get_global_grad_norm()
+        sums.add("grad_norm", float(grad_norm))
+        sums.add("optimizer_steps", 1)
+        self.version += 1
+
+    def unreported_grad_norm(self) -> float | None:
+        """DeepSpeed's plain-optimizer path (ZeRO-0, float32) clips without recording the norm."""
+        if hasattr(self.engine.optimizer, "_global_grad_norm"):
+            return None
+        norms = [torch.linalg.vector_norm(p.grad.float()) for p in self.engine.module.parameters() if p.grad is not None]
+        return float(torch.linalg.vector_norm(torch.stack(norms)))
+
+    def finish_metrics(self, sums: MetricSums, samples: GRPOSamples) -> dict[str, float]:
+        zero_std = samples.zero_std_groups
+        num_seq, response_tokens, num_truncated, num_skipped, zero_std_groups, groups = all_reduce([
+            len(samples),
+            sum(len(r) for r in samples.response_ids),
+            float(samples.truncated_flags().sum()),
+            samples.num_skipped,
+            0.0 if zero_std is None else float(zero_std.sum()),
+            0.0 if zero_std is None else zero_std.numel(),
+        ])
+        total = sums.reduced()
+        world = world_size()
+        steps = total["optimizer_steps"] / world
+        metrics: dict[str, float] = {}
+        for key in MetricSums.PER_TOKEN:
+            if total[f"{key}/tokens"]:
+                metrics[f"train/{key}"] = total[key] / total[f"{key}/tokens"]
+        if steps:
+            # loss / pg_loss are each rank's share of its step's loss, so they sum over ranks.
+            metrics["train/loss"] = total["loss"] / steps
+            metrics["train/pg_loss"] = total["pg_loss"] / steps
+            metrics["train/grad_norm"] = total["grad_norm"] / (steps * world)
+            metrics["train/lr"] = total["lr"] / (steps * world)
+        metrics.update({
+            "train/optimizer_steps": steps,
+            "train/skipped_steps": total["skipped_steps"] / world,
+            "train/policy_version": float(self.version),
+            "train/num_sequences": num_seq,
+            "train/response_tokens": response_tokens,
+            "train/response_len_mean": response_tokens / num_seq,
+            "train/truncated_frac": num_truncated / num_seq,
+            "train/skipped_invalid_reward": num_skipped,
+            "train/padding_frac": 1.0 - total["real_tokens"] / total["padded_tokens"],
+        })
+        if groups:
+            metrics["train/frac_zero_std_groups"] = zero_std_groups / groups
+        return metrics
+
+    def policy_state_dict(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """`(version, full weights on CPU)` in our parameter names, gathered from any ZeRO stage.
+
+        Tied tensors stay shared. `version` counts optimizer updates; rollout workers use it
+        to know which policy sampled a response.
+        """
+        import deepspeed
+
+        module = self.engine.module
+        gathered = (
+            deepspeed.zero.GatheredParameters(list(module.parameters()))
+            if self.cfg.zero_stage == 3
+            else contextlib.nullcontext()
+        )
+        out: dict[str, torch.Tensor] = {}
+        with gathered:
+            copies: dict[int, torch.Tensor] = {}
+            for name, tensor in module.state_dict().items():
+                key = tensor.data_ptr()
+                if key not in copies:
+                    copies[key] = tensor.detach().to("cpu", copy=True)
+                out[name] = copies[key]
+        return self.version, out

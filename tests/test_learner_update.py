@@ -1,0 +1,169 @@
+"""GRPOLearner on real DeepSpeed (CPU, gloo): accumulation exactness, ZeRO stages, metrics, errors."""
+
+import pytest
+import torch
+
+from specroll.grpo import PolicyLossConfig, policy_loss
+from specroll.learner import GRPOLearner, GRPOSamples, LearnerConfig, micro_batch_indices, pad_samples, sequence_logprobs
+from specroll.models import build_tiny_model
+
+LR = 1e-2
+# A large Adam epsilon makes the first step lr * g / (|g| + eps), proportional to the gradient
+# for small g: a mis-scaled accumulation would show in the weights, not be normalised away.
+ADAM_EPS = 1.0
+SMALL_BUDGET = 12  # tokens per micro-batch: splits the batch below into several micro-batches
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy shared CI machine the
+    thread pool's waiting makes each step 10-100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_samples(n: int = 6, seed: int = 0) -> GRPOSamples:
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(2, 64, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist() for _ in range(n)]
+    responses = [torch.randint(2, 64, (int(torch.randint(1, 8, (1,), generator=gen)),), generator=gen).tolist() for _ in range(n)]
+    return GRPOSamples(prompts, responses, torch.randn(n, generator=gen))
+
+
+def with_old_logprobs(samples: GRPOSamples, noise: float, seed: int = 1) -> GRPOSamples:
+    """Old log-probs of the initial model plus noise, so ratios spread over and past the clip range."""
+    gen = torch.Generator().manual_seed(seed)
+    model = build_tiny_model()
+    mb = pad_samples(samples, list(range(len(samples))))
+    with torch.no_grad():
+        logp = sequence_logprobs(model, mb.input_ids, mb.prompt_lens, mb.response_lens).logprobs
+    samples.old_logprobs = [logp[i, : len(r)] + noise * torch.randn(len(r), generator=gen) for i, r in enumerate(samples.response_ids)]
+    return samples
+
+
+def oracle_first_step(samples: GRPOSamples, loss_cfg: PolicyLossConfig):
+    """Plain autograd on the whole batch, then the first AdamW step written out by hand."""
+    model = build_tiny_model()
+    mb = pad_samples(samples, list(range(len(samples))), samples.old_logprobs)
+    out = sequence_logprobs(model, mb.input_ids, mb.prompt_lens, mb.response_lens)
+    loss, _ = policy_loss(out.logprobs, mb.old_logprobs, mb.advantages, out.mask, loss_cfg, truncated=mb.truncated)
+    loss.backward()
+    grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    with torch.no_grad():
+        expected = {name: p - LR * p.grad / (p.grad.abs() + ADAM_EPS) for name, p in model.named_parameters()}
+    return loss.item(), grad_norm.item(), expected
+
+
+def learner_for(zero_stage: int, **overrides) -> GRPOLearner:
+    fields = dict(zero_stage=zero_stage, lr=LR, adam_eps=ADAM_EPS, grad_clip=0.0, device="cpu", max_response_len=16, max_seq_len=32)
+    fields.update(overrides)
+    return GRPOLearner(build_tiny_model(), LearnerConfig(**fields))
+
+
+@pytest.mark.parametrize(
+    "zero_stage, budget, aggregation",
+    [
+        (0, 10_000, "token-mean"),
+        (0, SMALL_BUDGET, "token-mean"),
+        (2, SMALL_BUDGET, "token-mean"),
+        (3, SMALL_BUDGET, "token-mean"),
+        (0, SMALL_BUDGET, "seq-mean-token-mean"),
+    ],
+)
+def test_micro_batches_accumulate_to_the_full_batch_step(zero_stage, budget, aggregation):
+    samples = with_old_logprobs(random_samples(), noise=0.3)
+    loss_cfg = PolicyLossConfig(aggregation=aggregation)
+    num_micro = len(micro_batch_indices(samples.sequence_lengths(), list(range(len(samples))), budget))
+    assert num_micro == 1 if budget > 1000 else num_micro >= 3
+    expected_loss, expected_norm, expected = oracle_first_step(samples, loss_cfg)
+
+    learner = learner_for(zero_stage, micro_batch_tokens=budget, loss=loss_cfg)
+    metrics = learner.update(samples)
+    version, weights = learner.policy_state_dict()
+
+    assert version == 1 and metrics["train/optimizer_steps"] == 1
+    assert metrics["train/loss"] == pytest.approx(expected_loss, rel=1e-5)
+    assert metrics["train/grad_norm"] == pytest.approx(expected_norm, rel=1e-4)
+    initial = build_tiny_model().state_dict()
+    largest_move = 0.0
+    for name, want in expected.items():
+        torch.testing.assert_close(weights[name] - initial[name], want - initial[name], rtol=1e-4, atol=1e-8)
+        largest_move = max(largest_move, float((want - initial[name]).abs().max()))
+    assert largest_move > 1e-4
+
+
+@pytest.mark.parametrize("zero_stage, dtype", [(0, "float32"), (2, "float32"), (2, "bfloat16")])
+def test_updates_move_the_policy_towards_high_advantage_responses(zero_stage, dtype):
+    samples = random_samples(n=8, seed=3)
+    learner = learner_for(zero_stage, dtype=dtype, lr=2e-3, adam_eps=1e-8, micro_batch_tokens=24)
+    before = learner.compute_logprobs(samples)
+    samples.old_logprobs = before
+    losses = [learner.update(samples)["train/loss"] for _ in range(4)]
+    after = learner.compute_logprobs(samples)
+    # The surrogate on the fixed training batch goes down ...
+    assert losses[-1] < losses[0] - 0.05
+    if dtype == "float32":
+        assert all(b < a for a, b in zip(losses, losses[1:]))
+    # ... because log-probs rise where the advantage is positive and fall where it is negative.
+    change = torch.stack([(a - b).sum() for a, b in zip(after, before)])
+    assert float((samples.advantages * change).sum()) > 0
+    assert learner.policy_state_dict()[0] == 4
+
+
+def test_metrics_mini_batches_and_version():
+    learner = learner_for(0, lr=1e-3, adam_eps=1e-8, mini_batch_size=3, ppo_epochs=2, micro_batch_tokens=16)
+    base = random_samples(n=8, seed=5)
+    rewards = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
+    samples = learner.build_samples(base.prompt_ids, base.response_ids, rewards, group_size=2, truncated=[False] * 7 + [True])
+    metrics = learner.update(samples)
+    # 8 samples in mini-batches of 3 -> 3 optimizer steps per epoch, 2 epochs.
+    assert metrics["train/optimizer_steps"] == 6 and learner.policy_state_dict()[0] == 6
+    assert metrics["train/policy_version"] == 6
+    assert metrics["train/frac_zero_std_groups"] == 0.5  # groups (1, 1) and (0, 0)
+    assert metrics["train/num_sequences"] == 8
+    assert metrics["train/truncated_frac"] == 0.125
+    assert metrics["train/response_tokens"] == sum(len(r) for r in base.response_ids)
+    assert metrics["train/lr"] == pytest.approx(1e-3)
+    assert 0 <= metrics["train/padding_frac"] < 1
+    # Second epoch is off-policy: the ratio moved away from 1.
+    assert metrics["train/approx_kl"] > 0
+    for key in ("train/loss", "train/pg_loss", "train/clip_frac_low", "train/clip_frac_high", "train/entropy", "train/grad_norm"):
+        assert key in metrics
+    assert "train/kl_ref" not in metrics
+
+
+def test_reference_model_gives_a_kl_that_starts_at_zero():
+    learner = learner_for(2, lr=1e-2, adam_eps=1e-8, use_reference=True, loss={"kl_coef": 0.05})
+    samples = random_samples(n=6, seed=7)
+    initial = learner.compute_logprobs(samples)
+    first = learner.update(samples)
+    second = learner.update(samples)
+    assert first["train/kl_ref"] == pytest.approx(0.0, abs=1e-7)
+    assert second["train/kl_ref"] > 1e-5
+    # The reference stays frozen at the initial policy while the policy moves.
+    for ref, init, now in zip(learner.compute_logprobs(samples, use_reference=True), initial, learner.compute_logprobs(samples)):
+        torch.testing.assert_close(ref, init)
+        assert not torch.allclose(now, init)
+
+
+def test_fully_masked_mini_batch_takes_no_step():
+    learner = learner_for(0, loss={"mask_truncated": True})
+    samples = random_samples(n=4)
+    samples.truncated = torch.ones(4, dtype=torch.bool)
+    metrics = learner.update(samples)
+    assert metrics["train/skipped_steps"] == 1 and metrics["train/optimizer_steps"] == 0
+    assert learner.policy_state_dict()[0] == 0
+
+
+def test_bad_batches_raise_clear_errors():
+    learner = learner_for(0)
+    with pytest.raises(ValueError, match="empty batch"):
+        learner.update(GRPOSamples([], [], torch.zeros(0)))
+    samples = random_samples(n=4)
+    samples.response_ids[2] = [5] * 17
+    with pytest.raises(ValueError, match="sample 2: response has 17 tokens, more than max_response_len=16"):
+        learner.update(samples)
+    with pytest.raises(ValueError, match="no reference model"):
+        learner.compute_logprobs(random_samples(n=2), use_reference=True)
+    assert learner.policy_state_dict()[0] == 0
