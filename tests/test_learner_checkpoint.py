@@ -1,0 +1,170 @@
+"""Run checkpoints on real DeepSpeed (CPU, gloo): exact resume, atomicity, rotation, export."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specroll.learner import (
+    GRPOLearner,
+    GRPOSamples,
+    LearnerConfig,
+    export_hf,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from specroll.models import CausalLM, build_tiny_model
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy shared CI machine the
+    thread pool's waiting makes each step 10-100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_samples(n: int, seed: int) -> GRPOSamples:
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(2, 64, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist() for _ in range(n)]
+    responses = [torch.randint(2, 64, (int(torch.randint(1, 8, (1,), generator=gen)),), generator=gen).tolist() for _ in range(n)]
+    return GRPOSamples(prompts, responses, torch.randn(n, generator=gen))
+
+
+def make_learner(zero_stage: int = 0, model: CausalLM | None = None) -> GRPOLearner:
+    cfg = LearnerConfig(
+        zero_stage=zero_stage,
+        lr=1e-2,
+        warmup_steps=2,
+        lr_schedule="cosine",
+        total_steps=10,
+        mini_batch_size=4,
+        micro_batch_tokens=16,
+        device="cpu",
+    )
+    return GRPOLearner(model or build_tiny_model(), cfg)
+
+
+def draw_random_numbers():
+    return torch.rand(3).tolist(), random.random(), np.random.rand(2).tolist()
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_resume_continues_exactly(tmp_path, zero_stage):
+    first, second = random_samples(8, seed=1), random_samples(8, seed=2)
+    learner = make_learner(zero_stage)
+    learner.update(first)
+    heads = {"version": 3, "weights": {"proj": torch.arange(6.0).reshape(2, 3)}}
+    saved = save_checkpoint(
+        learner,
+        tmp_path,
+        step=1,
+        data_position={"epoch": 0, "next_prompt": 16},
+        heads=heads,
+        wandb_run_id="run-abc",
+        run_config={"experiment": "resume-test"},
+    )
+    expected_draws = draw_random_numbers()
+    expected = learner.update(second)
+    expected_version, expected_weights = learner.policy_state_dict()
+
+    # A fresh process would start from other weights: the checkpoint must supply everything.
+    resumed = make_learner(zero_stage, model=build_tiny_model(seed=7))
+    assert latest_checkpoint(tmp_path) == saved
+    state = load_checkpoint(resumed, saved)
+    assert draw_random_numbers() == expected_draws
+    # 8 samples in mini-batches of 4: two optimizer steps per update.
+    assert (state.step, state.policy_version, state.wandb_run_id) == (1, 2, "run-abc")
+    assert state.data_position == {"epoch": 0, "next_prompt": 16}
+    assert state.heads["version"] == 3 and torch.equal(state.heads["weights"]["proj"], heads["weights"]["proj"])
+    assert state.config["run"] == {"experiment": "resume-test"}
+    assert state.config["learner"]["zero_stage"] == zero_stage
+
+    metrics = resumed.update(second)
+    for key in ("train/loss", "train/lr", "train/grad_norm", "train/entropy"):
+        assert metrics[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-9), key
+    version, weights = resumed.policy_state_dict()
+    assert version == expected_version == 4
+    for name, tensor in expected_weights.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6)
+
+
+def test_interrupted_saves_are_ignored_and_cleaned_up(tmp_path):
+    learner = make_learner()
+    learner.update(random_samples(4, seed=3))
+    good = save_checkpoint(learner, tmp_path, step=1)
+    # A save that dies after DeepSpeed wrote its files: the heads cannot be pickled.
+    with pytest.raises(Exception):
+        save_checkpoint(learner, tmp_path, step=2, heads={"not_picklable": lambda: None})
+    assert (tmp_path / "step_00000002.tmp").is_dir()
+    assert not (tmp_path / "step_00000002").exists()
+    # A final-looking directory without the marker (e.g. copied by hand, half deleted).
+    unmarked = tmp_path / "step_00000003"
+    unmarked.mkdir()
+    (unmarked / "state.json").write_text(json.dumps({"step": 3}))
+
+    assert latest_checkpoint(tmp_path) == good
+    with pytest.raises(ValueError, match="not a complete checkpoint"):
+        load_checkpoint(learner, unmarked)
+    save_checkpoint(learner, tmp_path, step=4)
+    assert not (tmp_path / "step_00000002.tmp").exists()
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_00000004"
+
+
+def test_rotation_keeps_the_newest_k(tmp_path):
+    learner = make_learner()
+    for step in range(1, 5):
+        save_checkpoint(learner, tmp_path, step=step, keep_last=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003", "step_00000004"]
+    assert latest_checkpoint(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize(
+    "zero_stage, model, message",
+    [
+        (0, lambda: build_tiny_model(num_layers=3), "model.num_layers is 2 in the checkpoint but 3 now"),
+        (0, lambda: build_tiny_model(name="other-model"), "model.name is 'tiny-llama' in the checkpoint but 'other-model' now"),
+        (2, build_tiny_model, "learner.zero_stage is 0 in the checkpoint but 2 now"),
+    ],
+)
+def test_incompatible_checkpoint_names_the_field(tmp_path, zero_stage, model, message):
+    saved = save_checkpoint(make_learner(), tmp_path, step=1)
+    with pytest.raises(ValueError, match=message):
+        load_checkpoint(make_learner(zero_stage, model=model()), saved)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_exported_directory_loads_in_transformers_with_the_same_logits(tmp_path, model_type):
+    from transformers import AutoModelForCausalLM
+
+    learner = GRPOLearner(build_tiny_model(model_type, init_std=0.1), LearnerConfig(lr=1e-2, device="cpu"))
+    learner.update(random_samples(4, seed=4))
+    _, weights = learner.policy_state_dict()
+    ours = CausalLM(learner.model_config)
+    ours.load_state_dict(weights)
+
+    out = export_hf(weights, learner.model_config, None, tmp_path / "hf")
+    names = set(load_file(str(out / "model.safetensors")))
+    assert ("lm_head.weight" in names) == (not learner.model_config.tie_word_embeddings)
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours(ids).logits, rtol=0, atol=1e-4)
+    with pytest.raises(FileExistsError, match="not empty"):
+        export_hf(ours, learner.model_config, None, out)
+
+
+def test_export_writes_the_tokenizer(tmp_path, smollm2_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = build_tiny_model()
+    out = export_hf(model, model.config, tokenizer, tmp_path / "hf")
+    text = "GRPO samples G responses per prompt."
+    assert AutoTokenizer.from_pretrained(out).encode(text) == tokenizer.encode(text)
