@@ -1,16 +1,16 @@
 """Batched rollout generation with the one sampling function of SpecRoll."""
 from .engine import DecodeState, PlainDecoder, RolloutEngine, RolloutOutput, StepResult
-from .sampling import SamplingParams, row_generator, sample_tokens, sampling_logprobs, uniform_draws
+from .sampling import RowRandom, SamplingParams, sample_tokens, sampling_logprobs, splitmix64
 
 __all__ = [
     "DecodeState",
     "PlainDecoder",
     "RolloutEngine",
     "RolloutOutput",
+    "RowRandom",
     "SamplingParams",
     "StepResult",
-    "row_generator",
     "sample_tokens",
     "sampling_logprobs",
-    "uniform_draws",
+    "splitmix64",
 ]

@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..models import KVCache, load_causal_lm
-from .sampling import SamplingParams, row_generator, uniform_draws, sample_tokens, sampling_logprobs
+from .sampling import RowRandom, SamplingParams, sample_tokens, sampling_logprobs
 
 
 @dataclass
@@ -36,11 +36,11 @@ class StepResult:
 class DecodeState:
     """Per-row state of a generate call; rows are kept in cache order."""
 
-    def __init__(self, cache: KVCache, row_ids: torch.Tensor, generators: list[torch.Generator],
+    def __init__(self, cache: KVCache, row_ids: torch.Tensor, rng: RowRandom,
                  last_tokens: torch.Tensor, last_hidden: torch.Tensor, params: SamplingParams):
         self.cache = cache
         self.row_ids = row_ids  # output index of each cache row
-        self.generators = generators
+        self.rng = rng
         self.last_tokens = last_tokens  # sampled but not yet in the cache
         self.last_hidden = last_hidden  # final hidden state at the position that produced it
         self.params = params
@@ -50,7 +50,7 @@ class DecodeState:
         self.row_ids = self.row_ids[rows]
         self.last_tokens = self.last_tokens[rows]
         self.last_hidden = self.last_hidden[rows]
-        self.generators = [self.generators[i] for i in rows.tolist()]
+        self.rng.keep(rows)
 
 
 class PlainDecoder:
@@ -63,14 +63,14 @@ class PlainDecoder:
         batch = state.last_tokens.shape[0]
         out = self.model(state.last_tokens[:, None], cache=state.cache)
         state.cache.commit(torch.ones(batch, dtype=torch.long, device=state.last_tokens.device))
-        tokens, logprobs = sample_next(out.logits[:, -1], state.generators, state.params)
+        tokens, logprobs = sample_next(out.logits[:, -1], state.rng, state.params)
         return StepResult(tokens[:, None], logprobs[:, None], torch.ones_like(tokens))
 
 
-def sample_next(logits: torch.Tensor, generators, params: SamplingParams):
-    """Sample one token per row from [B, V] logits with each row's own generator."""
+def sample_next(logits: torch.Tensor, rng: RowRandom, params: SamplingParams):
+    """Sample one token per row from [B, V] logits with each row's own random stream."""
     logprobs = sampling_logprobs(logits, params)
-    uniforms = None if params.greedy else uniform_draws(generators, 1, logits.device)[:, 0]
+    uniforms = None if params.greedy else rng.draw(1)[:, 0]
     return sample_tokens(logprobs, uniforms, params.greedy)
 
 
@@ -122,9 +122,9 @@ class RolloutEngine:
 
         first_logits, first_hidden = self.prefill(prompts, cache)
         cache.repeat_rows(n)
-        generators = [row_generator(params.seed, (i, j), self.device) for i in range(num_prompts) for j in range(n)]
-        first, first_lp = sample_next(first_logits.repeat_interleave(n, dim=0), generators, params)
-        state = DecodeState(cache, torch.arange(num_rows, device=self.device), generators, first,
+        rng = RowRandom(params.seed, [(i, j) for i in range(num_prompts) for j in range(n)], self.device)
+        first, first_lp = sample_next(first_logits.repeat_interleave(n, dim=0), rng, params)
+        state = DecodeState(cache, torch.arange(num_rows, device=self.device), rng, first,
                             first_hidden.repeat_interleave(n, dim=0), params)
 
         tokens: list[list[int]] = [[] for _ in range(num_rows)]
@@ -141,7 +141,7 @@ class RolloutEngine:
                 break
             if bool(done.any()):
                 state.keep(torch.nonzero(~done).squeeze(1))
-            active_per_step.append(len(state.generators))
+            active_per_step.append(len(state.row_ids))
             step = self.decoder.step(state)
         bar.close()
 

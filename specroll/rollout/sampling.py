@@ -2,8 +2,8 @@
 
 Logits are turned into the log-probabilities of the distribution actually sampled from
 (temperature, then top-k, then top-p, in float32), and a token is drawn by inverse-CDF
-sampling with a uniform from a per-row generator. Per-row generators make a row's samples depend only on the
-seed and the row's identity, never on which other rows share the batch.
+sampling with a uniform from a counter-based per-row stream, so a row's samples depend only
+on the seed and the row's identity, never on which other rows share the batch.
 """
 from __future__ import annotations
 
@@ -66,17 +66,49 @@ def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     return torch.log_softmax(logits, dim=-1)
 
 
-def row_generator(seed: int, row_key: tuple[int, ...], device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator whose stream depends only on (seed, row_key), e.g. (prompt index, sample index)."""
-    digest = hashlib.blake2b(repr((seed, row_key)).encode(), digest_size=8).digest()
-    return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+def _as_int64(value: int) -> int:
+    """A 64-bit unsigned constant as the int64 with the same bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def uniform_draws(generators: list[torch.Generator], num_draws: int, device) -> torch.Tensor:
-    """Independent U[0, 1) draws [rows, num_draws] (float64), one generator per row."""
-    return torch.stack(
-        [torch.rand(num_draws, generator=g, device=device, dtype=torch.float64) for g in generators]
-    )
+_GOLDEN, _MIX1, _MIX2 = (_as_int64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch shifts arithmetically)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """The SplitMix64 finaliser on int64 tensors (wrapping arithmetic): a counter-based RNG."""
+    z = x + _GOLDEN
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    return z ^ _shift_right(z, 31)
+
+
+class RowRandom:
+    """Counter-based uniforms per row: draw i of a row depends only on (seed, row key, i).
+
+    A row's samples therefore never depend on which other rows share the batch, and
+    drawing for thousands of rows is one vectorised op on any device.
+    """
+
+    def __init__(self, seed: int, row_keys: list[tuple[int, ...]], device) -> None:
+        keys = [int.from_bytes(hashlib.blake2b(repr((seed, k)).encode(), digest_size=8).digest(), "little")
+                for k in row_keys]
+        self.keys = torch.tensor([_as_int64(k) for k in keys], dtype=torch.long, device=device)
+        self.counters = torch.zeros(len(row_keys), dtype=torch.long, device=device)
+
+    def draw(self, num_draws: int) -> torch.Tensor:
+        """[rows, num_draws] independent U[0, 1) in float64; advances each row's counter."""
+        offsets = self.counters[:, None] + torch.arange(num_draws, device=self.keys.device)
+        bits = splitmix64(splitmix64(self.keys[:, None] ^ splitmix64(offsets)))
+        self.counters += num_draws
+        return _shift_right(bits, 11).double() * (1.0 / (1 << 53))
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.keys, self.counters = self.keys[rows], self.counters[rows]
 
 
 def sample_tokens(logprobs: torch.Tensor, uniforms: torch.Tensor | None, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:

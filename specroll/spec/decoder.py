@@ -11,7 +11,7 @@ from collections import Counter
 import torch
 
 from ..rollout.engine import DecodeState, StepResult
-from ..rollout.sampling import sampling_logprobs, uniform_draws
+from ..rollout.sampling import sampling_logprobs
 from .budget import concurrency_budget, cost_model_budget
 from .config import SpecConfig
 from .heads import HorizonHeads
@@ -27,6 +27,8 @@ class SpecDecoder:
             heads = (HorizonHeads.load(cfg.heads_path, model) if cfg.heads_path
                      else HorizonHeads.for_model(model, cfg.head_type, cfg.num_heads))
         self.heads = heads.eval()
+        # The acceptance rule; exactness tests swap in a deliberately biased one as a negative control.
+        self.verify = verify_tree
         self.max_tokens_per_step = cfg.max_nodes
         device = next(model.parameters()).device
         # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
@@ -100,8 +102,8 @@ class SpecDecoder:
         mask = tree_attention_mask(tree)
         out = self.model(ids, position_ids=positions, cache=state.cache, new_token_mask=mask)
         logprobs = sampling_logprobs(out.logits, state.params)
-        uniforms = None if state.params.greedy else uniform_draws(state.generators, budget, roots.device)
-        verdict = verify_tree(logprobs, tree, uniforms, state.params.greedy, self.heads.num_heads)
+        uniforms = None if state.params.greedy else state.rng.draw(budget)
+        verdict = self.verify(logprobs, tree, uniforms, state.params.greedy, self.heads.num_heads)
         t2 = time.perf_counter()
 
         state.cache.commit_gather(verdict.path[:, : int(verdict.counts.max())], verdict.counts)
