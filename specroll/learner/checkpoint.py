@@ -143,9 +143,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    learner.engine.save_checkpoint(
-        str(tmp), tag=DEEPSPEED_TAG, client_state={"policy_version": learner.version}, save_latest=False
-    )
+    learner.engine.save_checkpoint(str(tmp), tag=DEEPSPEED_TAG, save_latest=False)
     torch.save(rng_states(), tmp / f"rng_rank{rank()}.pt")
     barrier()
     if rank() == 0:

@@ -139,21 +139,18 @@ class GRPOLearner:
     the samples (the same number of samples on every rank).
     """
 
-    def __init__(self, model: CausalLM, cfg: LearnerConfig, reference: CausalLM | None = None) -> None:
+    def __init__(self, model: CausalLM, cfg: LearnerConfig) -> None:
+        """`model` is the initial policy; with `cfg.use_reference` a frozen copy of it becomes
+        the reference, so a learner resumed from a checkpoint still compares to the start."""
         import deepspeed
 
         cfg.validate()
         self.cfg = cfg
         self.model_config = model.config
-        self.device = resolve_device(cfg.device)
-        ensure_distributed(self.device)
+        ensure_distributed(resolve_device(cfg.device))
         dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
-        if cfg.use_reference and reference is None:
-            # Copied before DeepSpeed touches the model: ZeRO-3 partitions weights in place.
-            reference = copy.deepcopy(model)
-        self.reference = None
-        if reference is not None:
-            self.reference = reference.to(device=self.device, dtype=dtype).eval().requires_grad_(False)
+        # Copied before DeepSpeed touches the model: ZeRO-3 partitions weights in place.
+        reference = copy.deepcopy(model) if cfg.use_reference else None
         self.engine, *_ = deepspeed.initialize(
             model=model.to(dtype=dtype),
             model_parameters=[p for p in model.parameters() if p.requires_grad],
@@ -162,6 +159,10 @@ class GRPOLearner:
                 optimizer, lambda step: lr_multiplier(step, cfg)
             ),
         )
+        self.device = self.engine.device  # this rank's device, e.g. cuda:<local rank>
+        self.reference = None
+        if reference is not None:
+            self.reference = reference.to(device=self.device, dtype=dtype).eval().requires_grad_(False)
         self.version = 0
 
     @property
