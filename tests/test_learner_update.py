@@ -6,6 +6,7 @@ import torch
 from specroll.grpo import PolicyLossConfig, policy_loss
 from specroll.learner import GRPOLearner, GRPOSamples, LearnerConfig, micro_batch_indices, pad_samples, sequence_logprobs
 from specroll.models import build_tiny_model
+from specroll.telemetry.metric_names import check_metric_name
 
 LR = 1e-2
 # A large Adam epsilon makes the first step lr * g / (|g| + eps), proportional to the gradient
@@ -131,6 +132,8 @@ def test_metrics_mini_batches_and_version():
     for key in ("train/loss", "train/pg_loss", "train/clip_frac_low", "train/clip_frac_high", "train/entropy", "train/grad_norm"):
         assert key in metrics
     assert "train/kl_ref" not in metrics
+    for name in metrics:
+        check_metric_name(name)
 
 
 def test_reference_model_gives_a_kl_that_starts_at_zero():
