@@ -40,7 +40,7 @@ def verify_tree(logprobs: torch.Tensor, tree: DraftTree, uniforms: torch.Tensor 
     # Head probability mass of each node's drafted children: a calibration signal.
     child_mass = torch.zeros(batch, tree.num_drafts + 1, device=device)
     child_mass.scatter_add_(1, tree.parents, tree.head_probs.float() * tree.valid)
-    for _ in range(max_depth):
+    for _ in range(max_depth if tree.num_drafts else 0):
         wanted = torch.gather(samples, 1, current[:, None])
         match = (tree.parents == current[:, None]) & (tree.tokens == wanted) & tree.valid & alive[:, None]
         moved = match.any(dim=1)
@@ -51,12 +51,13 @@ def verify_tree(logprobs: torch.Tensor, tree: DraftTree, uniforms: torch.Tensor 
         alive &= moved
         path.append(current)
     path_t = torch.stack(path, dim=1)
-    counts = torch.stack(accepted, dim=1).sum(dim=1) + 1
+    accepted_t = torch.stack(accepted, dim=1) if accepted else torch.zeros(batch, 0, dtype=torch.bool, device=device)
+    mass_t = torch.stack(drafted_mass, dim=1) if drafted_mass else torch.zeros(batch, 0, device=device)
     return Verdict(
         path=path_t,
-        counts=counts,
+        counts=accepted_t.sum(dim=1) + 1,
         tokens=torch.gather(samples, 1, path_t),
         logprobs=torch.gather(sample_lp, 1, path_t),
-        accepted_at_depth=torch.stack(accepted, dim=1),
-        reached_node_prob=torch.stack(drafted_mass, dim=1),
+        accepted_at_depth=accepted_t,
+        reached_node_prob=mass_t,
     )
