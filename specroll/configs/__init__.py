@@ -1,0 +1,17 @@
+"""Typed configuration of a training run, loaded from the Hydra tree in `conf/`."""
+from .sections import ClusterSection, DataSection, LoggerSection, ModelSection, RolloutSection
+from .train import TrainConfig, check_paths, load_train_config, validate_against_model
+from .typed import build_dataclass
+
+__all__ = [
+    "ClusterSection",
+    "DataSection",
+    "LoggerSection",
+    "ModelSection",
+    "RolloutSection",
+    "TrainConfig",
+    "build_dataclass",
+    "check_paths",
+    "load_train_config",
+    "validate_against_model",
+]

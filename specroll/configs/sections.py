@@ -1,0 +1,196 @@
+"""The sections of a training run's config, mirrored by the groups of `conf/`.
+
+Each section checks its own fields when built and names the field in its `ValueError`;
+checks across sections live in `TrainConfig`. Components that already have a config
+(`SpecConfig`, `SyntheticConfig`, `RewardConfig`, `LearnerConfig`) are nested as they are.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from specroll.data import PROBLEM_SOURCES, RewardConfig, SyntheticConfig
+from specroll.models import build_tiny_model, load_causal_lm, resolve_checkpoint, resolve_device, resolve_dtype
+from specroll.models.config import SUPPORTED_MODEL_TYPES
+from specroll.models.loading import DTYPES
+from specroll.rollout import SamplingParams
+from specroll.spec import SpecConfig
+
+TINY_PREFIX = "tiny-"
+ROLLOUT_MODES = ("vanilla", "specroll")
+LOGGER_BACKENDS = ("wandb", "none")
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+def check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def check_number(name: str, value: Any, low: float, low_inclusive: bool = True) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < low or (value == low and not low_inclusive):
+        bound = ">=" if low_inclusive else ">"
+        raise ValueError(f"{name} must be a finite number {bound} {low}, got {value!r}")
+
+
+def check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def check_device(name: str, value: str) -> None:
+    if value != "auto" and value.split(":")[0] not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be 'auto', 'cpu' or 'cuda[:i]', got {value!r}")
+
+
+@dataclass
+class ModelSection:
+    """The policy: which weights, in which precision, on which device (rollout side)."""
+
+    # An alias (smollm2-135m-instruct), a .gguf file, a Hugging Face directory, a hub id
+    # (needs network), or tiny-llama / tiny-qwen2: the 2-layer random model of
+    # `specroll.models.build_tiny_model(<type>, seed=<run seed>)` for plumbing tests.
+    name: str = "smollm2-135m-instruct"
+    dtype: str = "float32"  # rollout weights: float32, bfloat16 or float16
+    device: str = "auto"  # auto (CUDA when present, else CPU), cpu or cuda[:i]
+    # tiny-* only: a model (as in `name`) whose tokenizer is used; the tiny vocabulary and EOS
+    # then match it. null: the tiny 64-token vocabulary and no tokenizer.
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name must be a non-empty string")
+        check_choice("dtype", self.dtype, tuple(DTYPES))
+        check_device("device", self.device)
+        if self.tiny_type is not None and self.tiny_type not in SUPPORTED_MODEL_TYPES:
+            tiny = ", ".join(TINY_PREFIX + t for t in SUPPORTED_MODEL_TYPES)
+            raise ValueError(f"name {self.name!r} is not a tiny model; tiny models: {tiny}")
+        if self.tokenizer is not None and self.tiny_type is None:
+            raise ValueError(f"tokenizer is only for tiny-* models; {self.name!r} brings its own")
+
+    @property
+    def tiny_type(self) -> str | None:
+        """The architecture of a tiny-* model ("llama", "qwen2"); None for real weights."""
+        return self.name[len(TINY_PREFIX):] if self.name.startswith(TINY_PREFIX) else None
+
+    def load(self, seed: int = 0):
+        """`(CausalLM, tokenizer or None)` as this section describes them."""
+        if self.tiny_type is None:
+            return load_causal_lm(self.name, dtype=self.dtype, device=self.device)
+        tokenizer, sized_to_tokenizer = None, {}
+        if self.tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(resolve_checkpoint(self.tokenizer))
+            eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+            sized_to_tokenizer = dict(vocab_size=len(tokenizer), eos_token_ids=eos)
+        model = build_tiny_model(self.tiny_type, seed=seed, **sized_to_tokenizer)
+        return model.to(device=resolve_device(self.device), dtype=resolve_dtype(self.dtype)).eval(), tokenizer
+
+
+@dataclass
+class DataSection:
+    """Which problems the policy practises on, how many per step, and how answers are scored."""
+
+    name: str = "synthetic"  # problem set: synthetic (built in, no download) or gsm8k
+    # gsm8k: a jsonl file, a folder of <split>.jsonl, or a dataset name; null = openai/gsm8k
+    # through `datasets` (needs network). Ignored for synthetic.
+    path: str | None = None
+    split: str = "train"  # gsm8k split to train on; ignored for synthetic
+    limit: int | None = None  # keep only the first `limit` problems; null keeps all
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # generator settings for synthetic
+    prompts_per_step: int = 8  # problems per training step; each gets rollout.n responses
+    shuffle: bool = True  # visit problems in a seeded shuffled order each epoch
+    reward: RewardConfig = field(default_factory=RewardConfig)  # weights of the rule-based reward
+
+    def __post_init__(self) -> None:
+        check_choice("name", self.name, PROBLEM_SOURCES)
+        if not self.split:
+            raise ValueError("split must be a non-empty string")
+        if self.limit is not None:
+            check_int("limit", self.limit, 1)
+        check_int("prompts_per_step", self.prompts_per_step, 1)
+
+
+@dataclass
+class RolloutSection:
+    """How responses are sampled (vanilla or speculative decoding, which is exact)."""
+
+    mode: str = "specroll"  # vanilla: one token per step; specroll: speculative decoding with `spec`
+    temperature: float = 1.0  # > 0; the learner scores responses at this temperature too
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
+    top_k: int = 0  # keep the k most likely tokens; 0 keeps all
+    max_new_tokens: int = 256  # response length cap in tokens
+    n: int = 8  # responses per prompt: the GRPO group size, >= 2
+    spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding; used when mode is specroll
+
+    def __post_init__(self) -> None:
+        check_choice("mode", self.mode, ROLLOUT_MODES)
+        if self.temperature == 0:
+            raise ValueError("temperature must be > 0: greedy responses of a group are all alike, so GRPO learns nothing")
+        self.sampling_params(seed=0)  # SamplingParams checks the sampling fields
+        if self.n < 2:
+            raise ValueError(f"n must be >= 2: GRPO advantages compare the responses to one prompt, got {self.n}")
+
+    def sampling_params(self, seed: int) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=self.max_new_tokens, n=self.n, seed=seed)
+
+    @property
+    def speculation(self) -> SpecConfig | None:
+        """What `RolloutEngine(spec=...)` takes: the spec config, or None for vanilla decoding."""
+        return self.spec if self.mode == "specroll" else None
+
+
+@dataclass
+class ClusterSection:
+    """Ray resources: how many actors of each kind and what each one reserves."""
+
+    num_rollout_actors: int = 1  # rollout actors; each holds a policy replica and a shard of the prompts
+    cpus_per_rollout_actor: float = 1.0  # Ray num_cpus of each rollout actor
+    gpus_per_rollout_actor: float = 0.0  # Ray num_gpus of each rollout actor; fractions share a GPU
+    learner_world_size: int = 1  # learner ranks (DeepSpeed data parallel), one actor each
+    cpus_per_learner: float = 1.0  # Ray num_cpus of each learner rank
+    gpus_per_learner: float = 0.0  # Ray num_gpus of each learner rank
+    ray_address: str | None = None  # null starts a local Ray cluster; "auto" or ray://host:port joins one
+    remote_timeout_s: float = 600.0  # longest wait for any remote call before the run fails
+    overlap: bool = False  # one-step off-policy: generate step t+1 while the learner trains on step t
+
+    def __post_init__(self) -> None:
+        check_int("num_rollout_actors", self.num_rollout_actors, 1)
+        check_int("learner_world_size", self.learner_world_size, 1)
+        for name in ("cpus_per_rollout_actor", "cpus_per_learner"):
+            check_number(name, getattr(self, name), 0.0, low_inclusive=False)
+        for name in ("gpus_per_rollout_actor", "gpus_per_learner"):
+            gpus = getattr(self, name)
+            check_number(name, gpus, 0.0)
+            if gpus > 1 and gpus != int(gpus):
+                raise ValueError(f"{name} must be a whole number when above 1 (Ray's rule), got {gpus}")
+        if self.ray_address is not None and not self.ray_address:
+            raise ValueError("ray_address must be null or a non-empty address")
+        check_number("remote_timeout_s", self.remote_timeout_s, 0.0, low_inclusive=False)
+
+
+@dataclass
+class LoggerSection:
+    """Where metrics go: W&B, a JSONL file in the run directory, the console."""
+
+    backend: str = "wandb"  # wandb or none
+    mode: str = "offline"  # W&B mode: offline (files in run_dir/wandb, sync later), online or disabled
+    project: str = "specroll"  # W&B project
+    entity: str | None = None  # W&B team or user; null = the default of the logged-in account
+    run_name: str | None = None  # W&B display name; null lets W&B pick one
+    jsonl: bool = True  # append one JSON line per step to run_dir/metrics.jsonl
+    console: bool = True  # print one line of metrics per step
+
+    def __post_init__(self) -> None:
+        check_choice("backend", self.backend, LOGGER_BACKENDS)
+        check_choice("mode", self.mode, WANDB_MODES)
+        if not self.project:
+            raise ValueError("project must be a non-empty string")
+
+    @property
+    def uses_wandb(self) -> bool:
+        return self.backend == "wandb" and self.mode != "disabled"

@@ -1,0 +1,165 @@
+"""The whole training run's config, and loading it from Hydra with fail-fast validation.
+
+Three stages, each raising `ValueError` that names the dotted field:
+`load_train_config` checks types, unknown keys, each section's fields, the rules across
+sections and the files the config points to; `validate_against_model` adds the limits that
+only the loaded model knows (its context length).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from specroll.learner import LearnerConfig
+from specroll.models import ModelConfig
+from specroll.models.loading import ALIASES, alias_path
+
+from .sections import TINY_PREFIX, ClusterSection, DataSection, LoggerSection, ModelSection, RolloutSection, check_int
+from .typed import build_dataclass
+
+RESUME_MODES = ("auto", "never")
+# Local paths as `load_gsm8k` tells them from dataset names.
+_LOCAL_PREFIXES = ("/", ".", "~")
+_DATA_SUFFIXES = (".jsonl", ".json")
+
+
+@dataclass
+class TrainConfig:
+    """A GRPO training run: what is trained on what, how, where, and how it is recorded."""
+
+    model: ModelSection = field(default_factory=ModelSection)  # the policy's weights
+    data: DataSection = field(default_factory=DataSection)  # problems, batch of prompts, reward
+    rollout: RolloutSection = field(default_factory=RolloutSection)  # sampling and speculative decoding
+    learner: LearnerConfig = field(default_factory=LearnerConfig)  # DeepSpeed, optimiser, GRPO loss
+    cluster: ClusterSection = field(default_factory=ClusterSection)  # Ray actors and their resources
+    logger: LoggerSection = field(default_factory=LoggerSection)  # W&B, JSONL, console
+    seed: int = 0  # seeds prompt order, sampling and (through conf/) the learner's shuffling
+    total_steps: int = 200  # training steps: rollout, reward, update, weight sync
+    checkpoint_every: int = 50  # save a checkpoint every this many steps; 0 never saves
+    keep_last: int = 3  # complete checkpoints kept; older ones are deleted
+    resume: str = "auto"  # auto: newest checkpoint in run_dir if any; never: start fresh; or a checkpoint path
+    run_dir: str = "runs/default"  # checkpoints, metrics.jsonl and wandb/ go here; relative to the launch directory
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        check_int("total_steps", self.total_steps, 1)
+        check_int("checkpoint_every", self.checkpoint_every, 0)
+        check_int("keep_last", self.keep_last, 1)
+        if not self.resume:
+            raise ValueError("resume must be 'auto', 'never' or a checkpoint path")
+        if not self.run_dir:
+            raise ValueError("run_dir must be a non-empty path")
+        self.check_sections_agree()
+
+    def check_sections_agree(self) -> None:
+        rollout, learner, data, cluster = self.rollout, self.learner, self.data, self.cluster
+        if rollout.max_new_tokens > learner.max_response_len:
+            raise ValueError(
+                f"rollout.max_new_tokens ({rollout.max_new_tokens}) must be <= learner.max_response_len "
+                f"({learner.max_response_len}): the learner refuses longer responses"
+            )
+        if learner.temperature != rollout.temperature:
+            raise ValueError(
+                f"learner.temperature ({learner.temperature}) must equal rollout.temperature ({rollout.temperature}): "
+                "the learner scores responses under the distribution they were sampled from"
+            )
+        if data.prompts_per_step % cluster.learner_world_size:
+            raise ValueError(
+                f"data.prompts_per_step ({data.prompts_per_step}) must be a multiple of cluster.learner_world_size "
+                f"({cluster.learner_world_size}): every learner rank takes the same number of whole groups"
+            )
+        if cluster.num_rollout_actors > data.prompts_per_step:
+            raise ValueError(
+                f"cluster.num_rollout_actors ({cluster.num_rollout_actors}) must be <= data.prompts_per_step "
+                f"({data.prompts_per_step}): each rollout actor needs at least one prompt"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values (for W&B and the checkpoint's record of the run)."""
+        return to_plain(asdict(self))
+
+
+def to_plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    return value
+
+
+def load_train_config(cfg: DictConfig | dict) -> TrainConfig:
+    """The validated `TrainConfig` of a composed Hydra config (or a plain dict of the same shape).
+
+    Interpolations are resolved; keys left out take the dataclass defaults.
+    Raises `ValueError` naming the dotted field for an unknown key, a wrong type, a missing
+    (`???`) value, an invalid value, sections that disagree, or a file that does not exist.
+    """
+    if isinstance(cfg, DictConfig):
+        try:
+            values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        except OmegaConfBaseException as exc:
+            # OmegaConf appends "full_key: ..." lines to its message; the first line says it all.
+            raise ValueError(f"{exc.full_key}: {exc.msg.splitlines()[0]}") from exc
+    else:
+        values = cfg
+    train = build_dataclass(TrainConfig, values)
+    check_paths(train)
+    return train
+
+
+def looks_local(path: str, suffixes: tuple[str, ...]) -> bool:
+    return path.startswith(_LOCAL_PREFIXES) or path.endswith(suffixes)
+
+
+def check_paths(cfg: TrainConfig) -> None:
+    """Files and folders the config names must exist (paths relative to the working directory)."""
+    for where, name in (("model.name", cfg.model.name), ("model.tokenizer", cfg.model.tokenizer)):
+        if name is None or name.startswith(TINY_PREFIX):
+            continue
+        if name in ALIASES:
+            try:
+                alias_path(name)
+            except FileNotFoundError as exc:
+                raise ValueError(f"{where}: {exc}") from exc
+            continue
+        local = Path(name).expanduser()
+        if looks_local(name, (".gguf",)) and not local.exists():
+            raise ValueError(f"{where}: file not found: {local}")
+        if local.is_dir() and not (local / "config.json").is_file():
+            raise ValueError(f"{where}: {local} is not a Hugging Face model directory (no config.json)")
+    data = cfg.data
+    if data.name == "gsm8k" and data.path is not None:
+        local = Path(data.path).expanduser()
+        if local.is_dir():
+            if not (local / f"{data.split}.jsonl").is_file():
+                raise ValueError(f"data.path: folder {local} has no {data.split}.jsonl (data.split)")
+        elif looks_local(data.path, _DATA_SUFFIXES) and not local.is_file():
+            raise ValueError(f"data.path: file not found: {local}")
+    heads = cfg.rollout.spec.heads_path
+    if cfg.rollout.mode == "specroll" and heads is not None and not Path(heads).expanduser().is_file():
+        raise ValueError(f"rollout.spec.heads_path: file not found: {Path(heads).expanduser()}")
+    if cfg.resume not in RESUME_MODES and not Path(cfg.resume).expanduser().is_dir():
+        raise ValueError(f"resume: checkpoint not found: {Path(cfg.resume).expanduser()} (or use 'auto' / 'never')")
+
+
+def validate_against_model(cfg: TrainConfig, model_config: ModelConfig) -> None:
+    """Limits that need the loaded model: every sequence must fit in its context window."""
+    context = model_config.max_position_embeddings
+    where = f"the context of model.name {cfg.model.name!r} ({context} tokens)"
+    rollout = cfg.rollout
+    if rollout.speculation is not None:
+        needed = rollout.max_new_tokens + rollout.spec.max_nodes
+        if needed > context:
+            raise ValueError(
+                f"rollout.max_new_tokens ({rollout.max_new_tokens}) + rollout.spec.max_nodes "
+                f"({rollout.spec.max_nodes}) = {needed} exceeds {where}"
+            )
+    elif rollout.max_new_tokens >= context:
+        raise ValueError(f"rollout.max_new_tokens ({rollout.max_new_tokens}) leaves no room for a prompt in {where}")
+    if cfg.learner.max_seq_len > context:
+        raise ValueError(f"learner.max_seq_len ({cfg.learner.max_seq_len}) exceeds {where}")

@@ -1,0 +1,22 @@
+"""Metric names (a stable namespace), sinks (W&B, JSONL, console), progress display."""
+from . import metric_names
+from .metric_names import acceptance_depth, check_metric_name, is_metric_name
+from .progress import StepProgress, step_summary
+from .rollout_stats import response_metrics, summarize_rollout_stats
+from .sinks import ConsoleSink, JsonlSink, MetricsLogger, WandbSink, clean_metrics
+
+__all__ = [
+    "ConsoleSink",
+    "JsonlSink",
+    "MetricsLogger",
+    "StepProgress",
+    "WandbSink",
+    "acceptance_depth",
+    "check_metric_name",
+    "clean_metrics",
+    "is_metric_name",
+    "metric_names",
+    "response_metrics",
+    "step_summary",
+    "summarize_rollout_stats",
+]

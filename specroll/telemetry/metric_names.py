@@ -1,0 +1,108 @@
+"""The stable namespace of metric names: every metric SpecRoll logs is defined here, once.
+
+Six families: `rollout/*` (the step's responses), `spec/*` (speculative decoding),
+`perf/*` (throughput), `timing_s/*` (seconds per phase of a step), `train/*` (the learner's
+update, emitted by `GRPOLearner.update`) and `heads/*` (draft-head consolidation). A name
+not defined here is refused by `check_metric_name`: add it here, with its meaning, first.
+Unless stated otherwise a value describes one training step.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+
+FAMILIES = ("rollout", "spec", "perf", "timing_s", "train", "heads")
+
+METRICS: dict[str, str] = {}  # name -> what it measures
+TEMPLATES: dict[str, str] = {}  # name with one "{d}" (a positive int) -> what it measures
+
+
+def metric(name: str, description: str) -> str:
+    family = name.split("/", 1)[0]
+    if family not in FAMILIES:
+        raise ValueError(f"metric family {family!r} of {name!r} is not one of {FAMILIES}")
+    (TEMPLATES if "{d}" in name else METRICS)[name] = description
+    return name
+
+
+# rollout/*: the responses of the step (all rollout actors together).
+RESPONSE_LENGTH_MEAN = metric("rollout/response_length_mean", "mean response length, tokens")
+RESPONSE_LENGTH_MAX = metric("rollout/response_length_max", "longest response, tokens")
+CLIP_RATIO = metric("rollout/clip_ratio", "share of responses cut at rollout.max_new_tokens")
+REWARD_MEAN = metric("rollout/reward_mean", "mean reward over responses")
+ACCURACY = metric("rollout/accuracy", "share of responses whose final answer is correct")
+
+# spec/*: speculative decoding, from the rollout engine's stats.
+TOKENS_PER_STEP = metric("spec/tokens_per_step", "tokens emitted per response per verify pass (1 = no gain)")
+ACCEPTANCE_DEPTH = metric("spec/acceptance_depth_{d}", "share of drafts accepted at tree depth d among those that reached it")
+NODE_BUDGET_MEAN = metric("spec/node_budget_mean", "mean tree nodes per response (root included) over verify passes")
+ACTIVE_ROWS_MEAN = metric("spec/active_rows_mean", "mean unfinished responses per decode step of an actor (both modes)")
+VERIFY_STEPS = metric("spec/verify_steps", "verify passes, summed over rollout actors")
+DRAFT_TIME_FRAC = metric("spec/draft_time_frac", "share of speculative step time spent drafting trees")
+HEAD_VERSION = metric("spec/head_version", "version of the draft heads the rollout actors used")
+
+# perf/*: throughput.
+GEN_TOKENS_PER_S = metric("perf/gen_tokens_per_s", "response tokens generated per second, all rollout actors together")
+TRAIN_TOKENS_PER_S = metric("perf/train_tokens_per_s", "prompt + response tokens trained on per second of update")
+STEP_TIME_S = metric("perf/step_time_s", "wall-clock seconds of the whole training step")
+
+# timing_s/*: seconds spent in each phase of the step, as the driver sees them.
+TIME_GEN = metric("timing_s/gen", "generating responses")
+TIME_REWARD = metric("timing_s/reward", "scoring responses")
+TIME_OLD_LOGPROB = metric("timing_s/old_logprob", "log-probs of the responses under the sampling policy")
+TIME_UPDATE = metric("timing_s/update", "the learner's update (all epochs and mini-batches)")
+TIME_WEIGHT_SYNC = metric("timing_s/weight_sync", "sending new policy weights to the rollout actors")
+TIME_HEAD_SYNC = metric("timing_s/head_sync", "sending new draft-head weights to the rollout actors")
+TIME_CHECKPOINT = metric("timing_s/checkpoint", "saving a checkpoint (0 on steps without one)")
+
+# train/*: `GRPOLearner.update`; per-token values are means over valid response tokens.
+LOSS = metric("train/loss", "total loss per optimizer step (policy loss + KL penalty)")
+PG_LOSS = metric("train/pg_loss", "clipped policy-gradient loss per optimizer step")
+CLIP_FRAC_LOW = metric("train/clip_frac_low", "share of tokens clipped at ratio 1 - clip_low")
+CLIP_FRAC_HIGH = metric("train/clip_frac_high", "share of tokens clipped at ratio 1 + clip_high")
+DUAL_CLIP_FRAC = metric("train/dual_clip_frac", "share of tokens capped by the dual clip")
+APPROX_KL = metric("train/approx_kl", "KL estimate between the updated and the sampling policy")
+KL_REF = metric("train/kl_ref", "KL estimate between the policy and the reference policy")
+ENTROPY = metric("train/entropy", "policy entropy per response token")
+GRAD_NORM = metric("train/grad_norm", "global gradient norm before clipping, mean over optimizer steps")
+LR = metric("train/lr", "learning rate, mean over optimizer steps")
+FRAC_ZERO_STD_GROUPS = metric("train/frac_zero_std_groups", "share of groups whose rewards are all equal (no signal)")
+OPTIMIZER_STEPS = metric("train/optimizer_steps", "optimizer steps taken in the update")
+SKIPPED_STEPS = metric("train/skipped_steps", "optimizer steps skipped for a non-finite gradient")
+POLICY_VERSION = metric("train/policy_version", "optimizer steps since the start of the run")
+NUM_SEQUENCES = metric("train/num_sequences", "responses trained on")
+RESPONSE_TOKENS = metric("train/response_tokens", "response tokens trained on")
+RESPONSE_LEN_MEAN = metric("train/response_len_mean", "mean length of the responses trained on, tokens")
+TRUNCATED_FRAC = metric("train/truncated_frac", "share of responses trained on that hit the length cap")
+SKIPPED_INVALID_REWARD = metric("train/skipped_invalid_reward", "responses dropped for a non-finite reward")
+PADDING_FRAC = metric("train/padding_frac", "share of padded tokens in the micro-batches")
+
+# heads/*: the head-consolidation actor.
+HEADS_VERSION = metric("heads/version", "version of the newest published draft heads")
+HEADS_UPDATES = metric("heads/updates", "head-only updates run since the start of the run")
+HEADS_LOSS = metric("heads/loss", "draft-head training loss of the latest update")
+
+_TEMPLATE_PATTERNS = {re.compile(re.escape(t).replace(re.escape("{d}"), "[1-9][0-9]*") + "$"): t for t in TEMPLATES}
+
+
+def acceptance_depth(depth: int) -> str:
+    """`spec/acceptance_depth_{d}` for tree depth `depth` (1 = the first drafted token)."""
+    if depth < 1:
+        raise ValueError(f"tree depth must be >= 1, got {depth}")
+    return ACCEPTANCE_DEPTH.format(d=depth)
+
+
+def is_metric_name(name: str) -> bool:
+    return name in METRICS or any(p.match(name) for p in _TEMPLATE_PATTERNS)
+
+
+def check_metric_name(name: str) -> None:
+    """Raise `ValueError` for a name outside the namespace, suggesting the nearest names."""
+    if is_metric_name(name):
+        return
+    near = difflib.get_close_matches(name, [*METRICS, *TEMPLATES], n=3)
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    raise ValueError(
+        f"metric {name!r} is not in the namespace of specroll/telemetry/metric_names.py "
+        f"(families {', '.join(f + '/*' for f in FAMILIES)}): define it there first{hint}"
+    )

@@ -1,0 +1,178 @@
+"""Where a step's metrics go: a W&B run, a JSONL file in the run directory, a console line.
+
+`MetricsLogger` checks every name against the namespace (`metric_names`) and every value
+(a real number), then fans the step out to the sinks the `LoggerSection` enables.
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from tqdm.auto import tqdm
+
+from .metric_names import check_metric_name
+
+if TYPE_CHECKING:  # the learner may log through telemetry; configs import the learner
+    from specroll.configs import LoggerSection
+
+JSONL_NAME = "metrics.jsonl"
+
+
+def clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float | int]:
+    """Names checked against the namespace; values as Python numbers (tensors, numpy scalars too)."""
+    out: dict[str, float | int] = {}
+    for name, value in metrics.items():
+        check_metric_name(name)
+        if getattr(value, "ndim", None) == 0:
+            value = value.item()  # torch and numpy scalars
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"metric {name!r} must be a real number, got {value!r}")
+        out[name] = int(value) if isinstance(value, numbers.Integral) else float(value)
+    return out
+
+
+def lines_before(path: Path, first_step: int) -> list[str]:
+    """The lines of `path` for steps before `first_step`; a last line cut short by a crash is dropped."""
+    lines = path.read_text().splitlines()
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number} is not a JSON line: {line[:80]!r}") from None
+        if row["step"] < first_step:
+            kept.append(line)
+    return kept
+
+
+class JsonlSink:
+    """One line per step, `{"step": ..., <metrics>}`; non-finite values are written as null.
+
+    Lines of steps at or after `first_step` are dropped when the file is opened: a run
+    resumed from a checkpoint redoes those steps and must not record them twice.
+    """
+
+    def __init__(self, path: Path, first_step: int = 0) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            kept = lines_before(path, first_step)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, path)
+        self.file = path.open("a")
+
+    def log(self, step: int, metrics: dict[str, float | int]) -> None:
+        row = {"step": step, **{k: v if math.isfinite(v) else None for k, v in metrics.items()}}
+        self.file.write(json.dumps(row, allow_nan=False) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class ConsoleSink:
+    """`step 12 | perf/step_time_s=4.21 | rollout/reward_mean=0.5 | ...`, printed above any progress bar."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream
+
+    def log(self, step: int, metrics: dict[str, float | int]) -> None:
+        fields = " | ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()))
+        tqdm.write(f"step {step} | {fields}", file=self.stream or sys.stdout)
+
+    def close(self) -> None:
+        pass
+
+
+class WandbSink:
+    """A W&B run in `run_dir/wandb`; passing a saved `run_id` continues that run."""
+
+    def __init__(self, cfg: LoggerSection, run_dir: Path, config: dict | None, run_id: str | None) -> None:
+        import wandb
+
+        self.run = wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            name=cfg.run_name,
+            mode=cfg.mode,
+            dir=str(run_dir),
+            id=run_id,
+            resume="allow",
+            config=config,
+        )
+
+    @property
+    def run_id(self) -> str:
+        return self.run.id
+
+    def log(self, step: int, metrics: dict[str, float | int]) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MetricsLogger:
+    """Fans each step's metrics out to W&B, `run_dir/metrics.jsonl` and the console.
+
+    Args:
+        cfg: which sinks, and the W&B settings.
+        run_dir: the run directory (created if missing).
+        config: the run's resolved config, recorded by W&B.
+        run_id: the W&B run id saved in the checkpoint being resumed; None starts a new run.
+        first_step: the first step this process logs (the resumed step + 1, or 0).
+        console: stream of the console line; None is stdout.
+    """
+
+    def __init__(
+        self,
+        cfg: LoggerSection,
+        run_dir: str | Path,
+        config: dict | None = None,
+        run_id: str | None = None,
+        first_step: int = 0,
+        console: TextIO | None = None,
+    ) -> None:
+        run_dir = Path(run_dir)
+        self.wandb = WandbSink(cfg, run_dir, config, run_id) if cfg.uses_wandb else None
+        self.sinks: list[Any] = [s for s in (self.wandb,) if s is not None]
+        if cfg.jsonl:
+            self.sinks.append(JsonlSink(run_dir / JSONL_NAME, first_step))
+        if cfg.console:
+            self.sinks.append(ConsoleSink(console))
+        self._run_id = run_id
+        self.last_step = first_step - 1
+
+    @property
+    def run_id(self) -> str | None:
+        """The W&B run id to store in checkpoints (kept as given while W&B is off)."""
+        return self.wandb.run_id if self.wandb is not None else self._run_id
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record one step; steps must increase (W&B silently drops a step it has passed)."""
+        if step <= self.last_step:
+            raise ValueError(f"step {step} was logged after step {self.last_step}; steps must increase")
+        clean = clean_metrics(metrics)
+        for sink in self.sinks:
+            sink.log(step, clean)
+        self.last_step = step
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -1,0 +1,164 @@
+"""The Hydra tree in conf/ and the typed TrainConfig it loads into: defaults, overrides, fail-fast errors."""
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
+
+from specroll.configs import ModelSection, TrainConfig, load_train_config, validate_against_model
+from specroll.learner import LearnerConfig
+from specroll.models import build_tiny_model, tiny_config
+from specroll.spec import SpecConfig
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+SHARED_GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+
+
+def composed(overrides: list[str] = ()):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose("config", overrides=list(overrides))
+
+
+def load(overrides: list[str] = ()) -> TrainConfig:
+    return load_train_config(composed(overrides))
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_default_composition_is_exactly_the_dataclass_defaults():
+    cfg = composed()
+    assert load_train_config(cfg) == TrainConfig()
+    # The YAML mirrors every field, so a user sees every knob where the defaults live.
+    assert OmegaConf.to_container(cfg, resolve=True) == TrainConfig().to_dict()
+
+
+@pytest.mark.parametrize(
+    "group, option",
+    [(g, o) for g in ("model", "data", "rollout", "learner", "cluster", "logger", "experiment") for o in group_options(g)],
+)
+def test_every_group_option_composes_and_validates(group, option):
+    cfg = load([f"{group}={option}"])
+    assert isinstance(cfg, TrainConfig)
+
+
+def test_command_line_overrides_reach_the_dataclasses():
+    cfg = load(["rollout=vanilla", "rollout.max_new_tokens=64", "cluster.num_rollout_actors=2"])
+    assert cfg.rollout.mode == "vanilla" and cfg.rollout.speculation is None
+    assert cfg.rollout.max_new_tokens == 64
+    assert cfg.cluster.num_rollout_actors == 2
+    params = cfg.rollout.sampling_params(seed=3)
+    assert (params.max_new_tokens, params.n, params.seed) == (64, 8, 3)
+    assert load().rollout.speculation == SpecConfig()
+
+
+def test_learner_follows_the_rollout_temperature_and_the_run_seed():
+    cfg = load(["rollout.temperature=0.7", "seed=5"])
+    assert cfg.learner.temperature == 0.7 and cfg.learner.seed == 5
+
+
+def test_experiments_override_groups_and_top_level_values():
+    smoke = load(["experiment=smoke"])
+    assert smoke.model.name == "tiny-llama" and smoke.logger.backend == "none"
+    assert (smoke.total_steps, smoke.rollout.max_new_tokens, smoke.rollout.spec.max_nodes) == (2, 16, 4)
+    paper = load(["experiment=paper_gsm8k_qwen2_5_1_5b"])
+    assert paper.model.name == "Qwen/Qwen2.5-1.5B-Instruct" and paper.model.dtype == "bfloat16"
+    assert (paper.data.name, paper.learner.dtype, paper.cluster.learner_world_size) == ("gsm8k", "bfloat16", 4)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["cluster.num_rollout_actors=-1"], "cluster.num_rollout_actors must be an int >= 1, got -1"),
+        (["data.prompts_per_step=0"], "data.prompts_per_step must be an int >= 1"),
+        (["rollout.max_new_tokens=-5"], "rollout.max_new_tokens must be >= 1"),
+        (["learner.micro_batch_tokens=-1"], "learner.micro_batch_tokens must be an int >= 1"),
+        (["cluster.remote_timeout_s=0"], "cluster.remote_timeout_s must be a finite number > 0"),
+        (["rollout.spec.min_nodes=32"], "rollout.spec.max_nodes (16) must be >= rollout.spec.min_nodes (32)"),
+        (["learner.zero_stage=4"], "learner.zero_stage must be one of (0, 1, 2, 3), got 4"),
+        (["learner.loss.clip_low=1.5"], "learner.loss.clip_low must be in [0, 1)"),
+        (["learner.loss.kl_estimator=k9"], "learner.loss.kl_estimator must be one of 'k1', 'k2', 'k3'"),
+        (["data.synthetic.max_steps=1"], "data.synthetic.max_steps must be >= 2"),
+        (["data.reward.format_weight=-1"], "data.reward.format_weight must be finite and >= 0"),
+        (["learner.lr=abc"], "learner.lr must be a number, got 'abc'"),
+        (["rollout.n=1"], "rollout.n must be >= 2"),
+        (["rollout.temperature=0"], "rollout.temperature must be > 0"),
+        (["rollout.mode=turbo"], "rollout.mode must be one of 'vanilla', 'specroll'"),
+        (["model.dtype=int8"], "model.dtype must be one of"),
+        (["model.name=tiny-gpt2"], "model.name 'tiny-gpt2' is not a tiny model"),
+        (["model.tokenizer=smollm2-135m-instruct"], "model.tokenizer is only for tiny-* models"),
+        (["logger.mode=cloud"], "logger.mode must be one of 'offline', 'online', 'disabled'"),
+        (["cluster.gpus_per_learner=1.5"], "cluster.gpus_per_learner must be a whole number"),
+        (["learner.temperature=0.5"], "learner.temperature (0.5) must equal rollout.temperature (1.0)"),
+        (["rollout.max_new_tokens=1024"], "rollout.max_new_tokens (1024) must be <= learner.max_response_len (512)"),
+        (["cluster.learner_world_size=3"], "data.prompts_per_step (8) must be a multiple of cluster.learner_world_size (3)"),
+        (["cluster.num_rollout_actors=9"], "cluster.num_rollout_actors (9) must be <= data.prompts_per_step (8)"),
+        (["total_steps=???"], "total_steps: Missing mandatory value"),
+        (["+rollout.top_q=0.5"], "rollout.top_q: unknown key"),
+        (["+learner.loss.bogus=1"], "learner.loss.bogus: unknown key"),
+        (["+num_steps=3"], "num_steps: unknown key"),
+        (["data=gsm8k", "data.path=/nonexistent/gsm8k/train.jsonl"], "data.path: file not found: /nonexistent/gsm8k/train.jsonl"),
+        (["rollout.spec.heads_path=/nonexistent/heads.pt"], "rollout.spec.heads_path: file not found"),
+        (["model.name=/nonexistent/model.gguf"], "model.name: file not found"),
+        (["model=tiny", "model.tokenizer=./nonexistent"], "model.tokenizer: file not found"),
+        (["resume=/nonexistent/step_00000010"], "resume: checkpoint not found"),
+    ],
+)
+def test_invalid_configs_fail_naming_the_field(overrides, message):
+    with pytest.raises(ValueError) as info:
+        load(overrides)
+    assert message in str(info.value)
+
+
+def test_unknown_group_option_and_unknown_key_fail_at_composition():
+    with pytest.raises(MissingConfigException, match="rollout/turbo"):
+        composed(["rollout=turbo"])
+    # Hydra composes in struct mode: a new key needs "+", and then load_train_config refuses it.
+    with pytest.raises(ConfigCompositionException, match="rollout.top_q"):
+        composed(["rollout.top_q=0.5"])
+
+
+def test_gsm8k_from_a_local_folder(tmp_path):
+    if not SHARED_GSM8K.is_dir():
+        pytest.skip(f"GSM8K not found at {SHARED_GSM8K}")
+    cfg = load(["data=gsm8k", f"data.path={SHARED_GSM8K}", "data.split=test"])
+    assert (cfg.data.name, cfg.data.path, cfg.data.split) == ("gsm8k", str(SHARED_GSM8K), "test")
+    with pytest.raises(ValueError, match=r"data.path: folder .* has no train.jsonl \(data.split\)"):
+        load(["data=gsm8k", f"data.path={tmp_path}"])
+
+
+def test_plain_dicts_and_the_saved_form_round_trip():
+    cfg = load(["experiment=smoke"])
+    assert load_train_config(cfg.to_dict()) == cfg
+    partial = load_train_config({"rollout": {"n": 4}, "learner": {"lr": 1e-5}})
+    assert partial.rollout.n == 4 and partial.learner == LearnerConfig(lr=1e-5)
+    with pytest.raises(ValueError, match="rollout must be a mapping of RolloutSection fields"):
+        load_train_config({"rollout": 3})
+
+
+def test_context_limits_are_checked_against_the_model():
+    tiny = tiny_config("llama")  # 256-token context
+    validate_against_model(load(["experiment=smoke"]), tiny)
+    with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) \+ rollout.spec.max_nodes \(16\) = 272 exceeds"):
+        validate_against_model(load(), tiny)
+    with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) leaves no room for a prompt"):
+        validate_against_model(load(["rollout=vanilla"]), tiny)
+    with pytest.raises(ValueError, match=r"learner.max_seq_len \(1024\) exceeds the context"):
+        validate_against_model(load(["rollout.max_new_tokens=128"]), tiny)
+
+
+def test_tiny_model_section_builds_the_seeded_tiny_model():
+    model, tokenizer = ModelSection(name="tiny-qwen2", device="cpu").load(seed=3)
+    assert tokenizer is None and model.config == tiny_config("qwen2")
+    for got, want in zip(model.state_dict().values(), build_tiny_model("qwen2", seed=3).state_dict().values()):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.integration
+def test_tiny_model_with_a_tokenizer_takes_its_vocabulary():
+    model, tokenizer = load(["experiment=smoke"]).model.load(seed=0)
+    assert model.config.vocab_size == len(tokenizer) == 49152
+    assert model.config.eos_token_ids == [tokenizer.eos_token_id]

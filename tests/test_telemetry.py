@@ -1,0 +1,193 @@
+"""Metric namespace, rollout summaries, and the sinks: JSONL, console, W&B offline and disabled."""
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specroll.configs import LoggerSection
+from specroll.learner.grpo_learner import MetricSums
+from specroll.models import build_tiny_model
+from specroll.rollout import RolloutEngine, SamplingParams
+from specroll.spec import SpecConfig
+from specroll.telemetry import (
+    MetricsLogger,
+    StepProgress,
+    acceptance_depth,
+    check_metric_name,
+    metric_names,
+    response_metrics,
+    step_summary,
+    summarize_rollout_stats,
+)
+
+OFF = dict(backend="none", console=False)
+
+
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """W&B offline with its settings and caches inside the test's directory."""
+    for var, sub in (("WANDB_DIR", "wandb_dir"), ("WANDB_CONFIG_DIR", "wandb_config"), ("WANDB_CACHE_DIR", "wandb_cache")):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    return tmp_path
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from intra-op threads; on a busy machine the pool's waiting costs seconds."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_namespace_defines_every_family_and_rejects_other_names():
+    families = {name.split("/")[0] for name in metric_names.METRICS}
+    assert families == set(metric_names.FAMILIES)
+    assert all(metric_names.METRICS.values())
+    for name in ("train/loss", "spec/tokens_per_step", "timing_s/head_sync", "heads/version", acceptance_depth(12)):
+        check_metric_name(name)
+    for name in ("train/los", "reward", "eval/accuracy", "spec/acceptance_depth_0", "spec/acceptance_depth_x", "rollout/"):
+        with pytest.raises(ValueError, match="not in the namespace"):
+            check_metric_name(name)
+    with pytest.raises(ValueError, match="did you mean train/loss"):
+        check_metric_name("train/los")
+
+
+def test_every_per_token_learner_metric_is_in_the_namespace():
+    for key in MetricSums.PER_TOKEN:
+        check_metric_name(f"train/{key}")
+
+
+def test_summary_of_two_actors_by_hand():
+    a = dict(tokens=30, wall_time_s=2.0, active_rows_per_step=[4, 2], verify_steps=2,
+             tokens_per_step_hist={1: 2, 3: 4}, acceptance_by_depth=[0.5, 0.25], budget_per_step=[4, 8],
+             time_draft_s=1.0, time_verify_s=2.0, time_bookkeeping_s=1.0)
+    b = dict(tokens=10, wall_time_s=4.0, active_rows_per_step=[3], verify_steps=1,
+             tokens_per_step_hist={2: 2}, acceptance_by_depth=[1.0, 0.0], budget_per_step=[6],
+             time_draft_s=0.0, time_verify_s=1.0, time_bookkeeping_s=0.0)
+    out = summarize_rollout_stats([a, b], head_version=7)
+    assert out == pytest.approx({
+        "perf/gen_tokens_per_s": 40 / 4.0,  # actors run in parallel: the slowest sets the pace
+        "spec/active_rows_mean": 3.0,
+        "spec/head_version": 7.0,
+        "spec/verify_steps": 3.0,
+        "spec/tokens_per_step": (2 * 1 + 4 * 3 + 2 * 2) / 8,
+        "spec/node_budget_mean": 6.0,
+        "spec/acceptance_depth_1": (0.5 * 6 + 1.0 * 2) / 8,
+        "spec/acceptance_depth_2": (0.25 * 6 + 0.0 * 2) / 8,
+        "spec/draft_time_frac": 1.0 / 5.0,
+    })
+
+
+def test_summaries_of_real_vanilla_and_speculative_rollouts(one_thread):
+    model = build_tiny_model(init_std=0.3)
+    prompts = [[3, 4, 5], [6, 7]]
+    params = SamplingParams(max_new_tokens=12, n=2, seed=1)
+    vanilla = summarize_rollout_stats(RolloutEngine(model).generate(prompts, params).stats)
+    assert set(vanilla) == {"perf/gen_tokens_per_s", "spec/active_rows_mean"}
+    spec_cfg = SpecConfig(num_heads=3, budget="fixed", fixed_nodes=4, max_nodes=4)
+    out = summarize_rollout_stats(RolloutEngine(model, spec=spec_cfg).generate(prompts, params).stats, head_version=0)
+    assert out["spec/node_budget_mean"] == 4.0
+    assert 1.0 <= out["spec/tokens_per_step"] <= 4.0
+    assert [name for name in out if name.startswith("spec/acceptance_depth_")] == [acceptance_depth(d) for d in (1, 2, 3)]
+    assert out["perf/gen_tokens_per_s"] > 0 and 0 < out["spec/draft_time_frac"] < 1
+    for name in out:
+        check_metric_name(name)
+
+
+def test_response_metrics_by_hand():
+    out = response_metrics([4, 8, 12, 16], ["stop", "length", "stop", "length"], [1.0, 0.0, 1.0, 0.5],
+                           correct=[True, False, True, False])
+    assert out == {"rollout/response_length_mean": 10.0, "rollout/response_length_max": 16.0,
+                   "rollout/clip_ratio": 0.5, "rollout/reward_mean": 0.625, "rollout/accuracy": 0.5}
+    with pytest.raises(ValueError, match="one length, finish reason and reward per response"):
+        response_metrics([4], ["stop", "stop"], [1.0])
+
+
+def test_jsonl_sink_writes_one_parseable_line_per_step(tmp_path):
+    with MetricsLogger(LoggerSection(**OFF), tmp_path) as logger:
+        logger.log(0, {"train/loss": 0.5, "rollout/reward_mean": np.float32(0.25), "train/num_sequences": 64})
+        logger.log(1, {"train/loss": float("nan"), "perf/step_time_s": torch.tensor(2.5)})
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert rows == [
+        {"step": 0, "train/loss": 0.5, "rollout/reward_mean": 0.25, "train/num_sequences": 64},
+        {"step": 1, "train/loss": None, "perf/step_time_s": 2.5},  # NaN as null keeps the line strict JSON
+    ]
+
+
+def test_resumed_jsonl_drops_the_steps_it_will_redo(tmp_path):
+    with MetricsLogger(LoggerSection(**OFF), tmp_path) as logger:
+        for step in range(4):
+            logger.log(step, {"train/loss": float(step)})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "train/lo')  # the crash hit mid-write
+    # Resumed from the checkpoint after step 1: steps 2 and 3 run again.
+    with MetricsLogger(LoggerSection(**OFF), tmp_path, first_step=2) as logger:
+        logger.log(2, {"train/loss": 20.0})
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["train/loss"]) for r in rows] == [(0, 0.0), (1, 1.0), (2, 20.0)]
+
+
+def test_logger_rejects_bad_names_values_and_steps_before_writing(tmp_path):
+    with MetricsLogger(LoggerSection(**OFF), tmp_path) as logger:
+        with pytest.raises(ValueError, match="'train/los' is not in the namespace"):
+            logger.log(0, {"train/loss": 1.0, "train/los": 1.0})
+        with pytest.raises(ValueError, match="'train/loss' must be a real number"):
+            logger.log(0, {"train/loss": "low"})
+        logger.log(0, {"train/loss": 1.0})
+        with pytest.raises(ValueError, match="step 0 was logged after step 0"):
+            logger.log(0, {"train/loss": 1.0})
+    assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 1
+
+
+def test_console_line(tmp_path):
+    stream = io.StringIO()
+    with MetricsLogger(LoggerSection(backend="none", jsonl=False), tmp_path, console=stream) as logger:
+        logger.log(3, {"rollout/reward_mean": 0.5, "perf/step_time_s": 4.2149})
+    assert stream.getvalue() == "step 3 | perf/step_time_s=4.215 | rollout/reward_mean=0.5\n"
+
+
+def test_wandb_offline_writes_a_run_that_a_resume_continues(offline_wandb):
+    run_dir = offline_wandb / "run"
+    cfg = LoggerSection(mode="offline", console=False)
+    with MetricsLogger(cfg, run_dir, config={"seed": 0}) as logger:
+        run_id = logger.run_id
+        logger.log(0, {"train/loss": 1.0})
+    with MetricsLogger(cfg, run_dir, run_id=run_id, first_step=1) as logger:
+        assert logger.run_id == run_id
+        logger.log(1, {"train/loss": 0.5})
+    runs = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(runs) == 2  # one directory per process, both of the same run
+    for run in runs:
+        assert (run / f"run-{run_id}.wandb").stat().st_size > 0
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1]
+    assert not (offline_wandb / "wandb_dir").exists()  # the run directory, not WANDB_DIR, holds it
+
+
+def test_disabled_writes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    with MetricsLogger(LoggerSection(mode="disabled", jsonl=False, console=False), run_dir, run_id="abc123") as logger:
+        logger.log(0, {"train/loss": 1.0})
+        assert logger.run_id == "abc123"  # kept for the checkpoint, so W&B can continue later
+    assert not run_dir.exists() and not list(tmp_path.iterdir())
+
+
+def test_progress_shows_the_step_and_its_summary():
+    stream = io.StringIO()
+    metrics = {"rollout/reward_mean": 0.53, "perf/gen_tokens_per_s": 1234.0, "perf/step_time_s": 4.2}
+    assert step_summary(metrics) == "reward 0.53 | 1.23e+03 tok/s | 4.2 s/step"
+    assert step_summary({}) == ""
+    with StepProgress(total_steps=10, first_step=4, enabled=True, stream=stream) as progress:
+        progress.update(4, metrics)
+        progress.update(5, {"rollout/reward_mean": 0.6})
+    text = stream.getvalue()
+    assert "5/10" in text and "reward 0.53 | 1.23e+03 tok/s | 4.2 s/step" in text
+    assert "6/10" in text and "reward 0.6" in text
