@@ -1,0 +1,167 @@
+"""Draft trees and the tree-attention pass on a tiny model (SPECROLL.md sections 3-4)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specroll.models import KVCache, build_tiny_model
+from specroll.rollout import RolloutEngine, SamplingParams
+from specroll.spec import HorizonHeads, SpecConfig, draft_candidates, select_tree, tree_attention_mask
+from specroll.spec.verify import verify_tree
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_model(init_std=0.3, seed=1)
+
+
+def random_heads(model, head_type, seed=0):
+    heads = HorizonHeads.for_model(model, head_type, num_heads=3)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return heads
+
+
+def prefix_state(model, prompts):
+    """Cache of the prompts minus their last token, which becomes each row's root."""
+    cache = KVCache.for_model(model, len(prompts), 64)
+    width = max(len(p) for p in prompts) - 1
+    ids = torch.tensor([p[:-1] + [0] * (width - len(p) + 1) for p in prompts])
+    out = model(ids, cache=cache)
+    lengths = torch.tensor([len(p) - 1 for p in prompts])
+    cache.commit(lengths)
+    hidden = out.hidden[torch.arange(len(prompts)), lengths - 1]
+    roots = torch.tensor([p[-1] for p in prompts])
+    return cache, hidden, roots
+
+
+@pytest.mark.parametrize("head_type", ["path", "medusa"])
+def test_tree_is_connected_within_budget_and_differs_per_row(model, head_type):
+    heads = random_heads(model, head_type)
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    _, hidden, roots = prefix_state(model, prompts)
+    cands = draft_candidates(heads, model, hidden, roots, max_drafts=9, log_calibration=torch.zeros(3))
+    tree = select_tree(cands, 9)
+    assert tree.tokens.shape == (3, 9)
+    for b in range(3):
+        for i in range(9):
+            parent = int(tree.parents[b, i])
+            assert parent <= i  # combined index of the parent precedes the node
+            if parent > 0:
+                assert int(tree.depths[b, i]) == int(tree.depths[b, parent - 1]) + 1
+            else:
+                assert int(tree.depths[b, i]) == 1
+        siblings = {}
+        for i in range(9):
+            siblings.setdefault(int(tree.parents[b, i]), []).append(int(tree.tokens[b, i]))
+        assert all(len(v) == len(set(v)) for v in siblings.values())  # children carry distinct tokens
+    assert not torch.equal(tree.tokens[0], tree.tokens[1])  # sparse: each response its own tree
+
+
+def test_tree_pass_logits_equal_plain_forward_on_each_path_and_compaction_matches_recompute(model):
+    heads = random_heads(model, "path", seed=2)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    cache, hidden, roots = prefix_state(model, prompts)
+    tree = select_tree(draft_candidates(heads, model, hidden, roots, 7, torch.zeros(3)), 7)
+    ids = torch.cat((roots[:, None], tree.tokens), 1)
+    positions = cache.lengths[:, None] + torch.cat((torch.zeros(2, 1, dtype=torch.long), tree.depths), 1)
+    with torch.no_grad():
+        out = model(ids, position_ids=positions, cache=cache, new_token_mask=tree_attention_mask(tree))
+    for b, prompt in enumerate(prompts):
+        for node in range(8):
+            path, v = [], node
+            while v > 0:
+                path.append(int(tree.tokens[b, v - 1]))
+                v = int(tree.parents[b, v - 1])
+            sequence = prompt + path[::-1]
+            with torch.no_grad():
+                reference = model(torch.tensor([sequence])).logits[0, -1]
+            torch.testing.assert_close(out.logits[b, node], reference, atol=1e-5, rtol=1e-5)
+
+    # Keep a root-to-leaf path per row, then the next step must equal a full recompute.
+    deepest = tree.depths.argmax(dim=1)
+    kept = []
+    for b in range(2):
+        path, v = [], int(deepest[b]) + 1
+        while v > 0:
+            path.append(v)
+            v = int(tree.parents[b, v - 1])
+        kept.append([0] + path[::-1])
+    width = max(len(k) for k in kept)
+    node_index = torch.tensor([k + [k[-1]] * (width - len(k)) for k in kept])
+    cache.commit_gather(node_index, torch.tensor([len(k) for k in kept]))
+    nxt = torch.tensor([[3], [4]])
+    with torch.no_grad():
+        step = model(nxt, cache=cache).logits[:, -1]
+    for b, prompt in enumerate(prompts):
+        sequence = prompt + [int(ids[b, i]) for i in kept[b][1:]] + [int(nxt[b])]
+        with torch.no_grad():
+            reference = model(torch.tensor([sequence])).logits[0, -1]
+        torch.testing.assert_close(step[b], reference, atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_verification_accepts_exactly_the_argmax_chain(model):
+    heads = random_heads(model, "medusa", seed=3)
+    cache, hidden, roots = prefix_state(model, [[5, 6, 7, 8]])
+    tree = select_tree(draft_candidates(heads, model, hidden, roots, 7, torch.zeros(3)), 7)
+    ids = torch.cat((roots[:, None], tree.tokens), 1)
+    positions = cache.lengths[:, None] + torch.cat((torch.zeros(1, 1, dtype=torch.long), tree.depths), 1)
+    with torch.no_grad():
+        out = model(ids, position_ids=positions, cache=cache, new_token_mask=tree_attention_mask(tree))
+    logprobs = torch.log_softmax(out.logits.float(), -1)
+    verdict = verify_tree(logprobs, tree, None, greedy=True, max_depth=3)
+    emitted = verdict.tokens[0, : int(verdict.counts[0])].tolist()
+    sequence = [5, 6, 7, 8]
+    for token in emitted:
+        with torch.no_grad():
+            assert token == int(model(torch.tensor([sequence])).logits[0, -1].argmax())
+        sequence.append(token)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+@pytest.mark.parametrize("head_type", ["path", "medusa"])
+def test_greedy_speculative_equals_greedy_plain_with_mixed_prompt_lengths(model_type, head_type):
+    model = build_tiny_model(model_type, init_std=0.3, seed=4)
+    prompts = [[3, 4, 5], [6, 7, 8, 9, 10, 11, 12], [13]]
+    params = SamplingParams(temperature=0, max_new_tokens=40, n=2)
+    plain = RolloutEngine(model).generate(prompts, params)
+    spec = RolloutEngine(model, spec=SpecConfig(head_type=head_type, budget="fixed", fixed_nodes=6)).generate(prompts, params)
+    assert spec.token_ids == plain.token_ids
+    assert spec.finish_reasons == plain.finish_reasons
+    torch.testing.assert_close(torch.tensor(sum(spec.logprobs, [])), torch.tensor(sum(plain.logprobs, [])), atol=1e-4, rtol=0)
+
+
+def test_seeded_speculative_sampling_is_deterministic(model):
+    engine = RolloutEngine(model, spec=SpecConfig(budget="fixed", fixed_nodes=5))
+    params = SamplingParams(max_new_tokens=24, n=3, seed=11)
+    a = engine.generate([[3, 4], [5, 6, 7]], params)
+    b = engine.generate([[3, 4], [5, 6, 7]], params)
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
+def test_rows_finish_at_different_steps_and_eos_inside_an_accepted_path():
+    """EOS-prone model: responses stop at different steps, often in the middle of a tree path."""
+    model = build_tiny_model(init_std=0.3, seed=5, eos_token_ids=[1])
+    with torch.no_grad():
+        model.lm_head.weight[1] += 0.35 * model.lm_head.weight.norm(dim=1).mean()  # make EOS likely
+    # Wide trees so paths are often accepted across the EOS.
+    engine = RolloutEngine(model, spec=SpecConfig(budget="fixed", fixed_nodes=16, max_nodes=16, max_children=8))
+    out = engine.generate([[3, 4, 5], [6, 7]], SamplingParams(max_new_tokens=30, n=16, seed=0))
+    lengths = [len(t) for t in out.token_ids]
+    assert len(set(lengths)) > 3
+    for tokens, reason in zip(out.token_ids, out.finish_reasons):
+        assert 1 not in tokens[:-1]  # nothing after EOS
+        assert (reason == "stop") == (tokens[-1] == 1)
+        assert reason == "stop" or len(tokens) == 30
+    assert out.stats["tokens_per_step_hist"].keys() - {1} # multi-token steps happened
+    active = out.stats["active_rows_per_step"]
+    assert active == sorted(active, reverse=True) and active[-1] < active[0]
+
+
+def test_concurrency_budget_follows_active_rows(model):
+    engine = RolloutEngine(model, spec=SpecConfig(budget="concurrency", capacity=24, min_nodes=1, max_nodes=8))
+    out = engine.generate([[3, 4, 5]], SamplingParams(max_new_tokens=20, n=12, seed=1))
+    for budget, active in zip(out.stats["budget_per_step"], out.stats["active_rows_per_step"]):
+        assert budget == max(1, min(8, 24 // active))
