@@ -1,0 +1,175 @@
+"""Plain vs speculative generation, side by side in one run (SPECROLL.md section 9).
+
+Same policy, prompts, seeds and sampling settings (temperature 1, top_p 1, max 256 new
+tokens by default) at several concurrencies (c prompts x 1 response) and on a GRPO-shaped
+batch (8 prompts x 8 responses). Each setting alternates plain and speculative runs.
+
+For every speculative run we also report the oracle bound: the tokens per verify step that
+a drafter knowing the policy's exact next-token distributions along the sampled responses
+would get with the same per-step node budgets (best-N tree from those distributions, with
+siblings off the sampled path treated as leaves since their own children are unknown).
+
+    python -m specroll.benchmarks.spec_vs_plain [--policy smollm2-135m-instruct] [--heads shipped]
+        [--concurrency 1 8 32] [--grpo 8x8] [--max-new-tokens 256] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..models import load_causal_lm
+from ..rollout import RolloutEngine, SamplingParams, sampling_logprobs
+from ..spec import SpecConfig, shipped_heads
+from .engine_vs_hf import DEFAULT_GSM8K, load_prompts, synchronize
+
+ORACLE_TOP = 64  # sibling candidates considered per position
+
+
+@torch.inference_mode()
+def oracle_tokens_per_step(model, prompts, out, params: SamplingParams, budgets: list[int], max_depth: int) -> float:
+    """Tokens per verify step of a perfect drafter under the run's per-step budgets."""
+    emitted, steps = 0, 0
+    for row, response in enumerate(out.token_ids):
+        prompt = prompts[row // params.n]
+        if len(response) < 2:
+            continue
+        ids = torch.tensor([prompt + response], device=next(model.parameters()).device)
+        logp = sampling_logprobs(model(ids).logits[0, len(prompt) - 1 : -1], params).float()  # P_j for r_j
+        realised = logp.gather(1, torch.tensor(response, device=logp.device)[:, None]).squeeze(1).exp()
+        top = logp.topk(ORACLE_TOP, dim=1).values.exp()
+        i, step = 0, 0  # root = r_i (already emitted); the tree predicts r_{i+1} ...
+        while i < len(response) - 1:
+            n = budgets[min(step, len(budgets) - 1)]
+            accepted = oracle_accepted(realised, top, i, n - 1, max_depth)
+            emitted += accepted + 1
+            steps += 1
+            i += accepted + 1
+            step += 1
+    return emitted / max(steps, 1)
+
+
+def oracle_accepted(realised: torch.Tensor, top: torch.Tensor, i: int, drafts: int, max_depth: int) -> int:
+    """How many on-path nodes a best-`drafts` tree built from exact probabilities contains."""
+    chain = 1.0
+    for d in range(1, min(max_depth, len(realised) - 1 - i) + 1):
+        chain_d = chain * float(realised[i + d])
+        # Candidates ranked above node d: its d-1 ancestors plus siblings that score higher.
+        better = d - 1
+        ancestor = 1.0
+        for e in range(1, d + 1):
+            threshold = chain_d / ancestor
+            probs = top[i + e]
+            count = int((probs > threshold).sum())
+            if float(realised[i + e]) > threshold:
+                count -= 1  # the on-path token itself is not a sibling
+            better += count
+            ancestor *= float(realised[i + e])
+        if better >= drafts:
+            return d - 1
+        chain = chain_d
+    return min(max_depth, len(realised) - 1 - i)
+
+
+def timed_generate(engine, prompts, params, device):
+    synchronize(device)
+    started = time.perf_counter()
+    out = engine.generate(prompts, params)
+    synchronize(device)
+    return out, time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policy", default="smollm2-135m-instruct", help="alias, HF directory (e.g. an SFT output)")
+    ap.add_argument("--heads", default="shipped", help="'shipped', a heads file, or 'untrained'")
+    ap.add_argument("--head-type", default="path", help="for untrained heads")
+    ap.add_argument("--budget", default="concurrency", choices=["fixed", "concurrency", "cost_model"])
+    ap.add_argument("--fixed-nodes", type=int, default=8)
+    ap.add_argument("--max-nodes", type=int, default=16)
+    ap.add_argument("--capacity", type=int, default=None, help="C_hw override (default: hardware profile)")
+    ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32])
+    ap.add_argument("--grpo", default="8x8", help="prompts x responses, or '' to skip")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    model, tokenizer = load_causal_lm(args.policy, dtype=args.dtype, device=args.device)
+    device = next(model.parameters()).device
+    if args.heads == "shipped":
+        heads_path = str(shipped_heads("smollm2-135m-instruct"))
+    else:
+        heads_path = None if args.heads == "untrained" else args.heads
+    spec = SpecConfig(head_type=args.head_type, heads_path=heads_path, budget=args.budget,
+                      fixed_nodes=min(args.fixed_nodes, args.max_nodes), max_nodes=args.max_nodes,
+                      capacity=args.capacity)
+    plain_engine = RolloutEngine(model, tokenizer)
+    spec_engine = RolloutEngine(model, tokenizer, spec=spec)
+    max_depth = spec_engine.decoder.heads.num_heads
+
+    settings = [(f"concurrency {c}", c, 1) for c in args.concurrency]
+    if args.grpo:
+        p, n = (int(x) for x in args.grpo.lower().split("x"))
+        settings.append((f"grpo {p}x{n}", p, n))
+    prompts_all, source = load_prompts(tokenizer, max(s[1] for s in settings), DEFAULT_GSM8K)
+    warm = SamplingParams(max_new_tokens=4, seed=args.seed)
+    plain_engine.generate(prompts_all[:1], warm)
+    spec_engine.generate(prompts_all[:1], warm)
+
+    rows = []
+    bar = tqdm(total=len(settings) * args.repeats * 2, desc="benchmark", unit="run")
+    for name, num_prompts, n in settings:
+        prompts = prompts_all[:num_prompts]
+        plain_t, spec_t, plain_tok, spec_tok = 0.0, 0.0, 0, 0
+        per_step, oracle, budgets = [], [], []
+        for r in range(args.repeats):
+            params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
+                                    n=n, seed=args.seed + r)
+            out, wall = timed_generate(plain_engine, prompts, params, device)
+            plain_t, plain_tok = plain_t + wall, plain_tok + out.stats["tokens"]
+            bar.update()
+            out, wall = timed_generate(spec_engine, prompts, params, device)
+            spec_t, spec_tok = spec_t + wall, spec_tok + out.stats["tokens"]
+            per_step.append(out.stats["tokens_per_step_mean"])
+            budgets = out.stats["budget_per_step"]
+            oracle.append(oracle_tokens_per_step(model, prompts, out, params, budgets, max_depth))
+            bar.update()
+        row = {
+            "setting": name,
+            "plain_tokens_per_s": plain_tok / plain_t,
+            "spec_tokens_per_s": spec_tok / spec_t,
+            "speedup": (spec_tok / spec_t) / (plain_tok / plain_t),
+            "tokens_per_step": sum(per_step) / len(per_step),
+            "oracle_tokens_per_step": sum(oracle) / len(oracle),
+            "budget_trace": budgets,
+            "acceptance_by_depth": out.stats["acceptance_by_depth"],
+        }
+        rows.append(row)
+        bar.write(f"{name}: {row['speedup']:.2f}x, {row['tokens_per_step']:.2f} tokens/step")
+    bar.close()
+
+    print(f"\npolicy {args.policy}, heads {heads_path or 'untrained ' + args.head_type}, budget {args.budget}, "
+          f"C_hw {spec_engine.decoder.capacity}, prompts from {source}, device {device}, {args.dtype}")
+    print(f"{'setting':>16} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'tok/step':>8} {'oracle':>7}  budget trace")
+    for row in rows:
+        trace = row["budget_trace"]
+        summary = f"{trace[0]}..{trace[-1]} (mean {sum(trace) / len(trace):.1f})" if trace else "-"
+        print(f"{row['setting']:>16} {row['plain_tokens_per_s']:11.1f} {row['spec_tokens_per_s']:10.1f} "
+              f"{row['speedup']:6.2f} {row['tokens_per_step']:8.2f} {row['oracle_tokens_per_step']:7.2f}  {summary}")
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": spec_engine.decoder.capacity, "rows": rows}
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
