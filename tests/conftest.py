@@ -5,8 +5,20 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(autouse=True)
+def torch_threads(request):
+    """One intra-op thread for tiny models: they gain nothing from a thread pool, and on a busy
+    2-core machine its waiting makes each step 10-100x slower. Tests on SmolLM2 keep them all."""
+    threads = torch.get_num_threads()
+    if "smollm2" not in request.fixturenames:
+        torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

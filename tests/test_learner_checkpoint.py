@@ -20,16 +20,6 @@ from specroll.learner import (
 from specroll.models import CausalLM, build_tiny_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy shared CI machine the
-    thread pool's waiting makes each step 10-100x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_samples(n: int, seed: int) -> GRPOSamples:
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(2, 64, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist() for _ in range(n)]

@@ -15,22 +15,13 @@ from specroll.rollout import RolloutEngine, SamplingParams
 NUM_PROMPTS, GROUP_SIZE, STEPS = 8, 8, 30
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy shared CI machine the
-    thread pool's waiting makes each step 10-100x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def target_chance(model: CausalLM, prompts: torch.Tensor, target: int) -> float:
     """Exact mean over prompts of p(first response token = target)."""
     with torch.no_grad():
         return float(model(prompts).logits[:, -1].softmax(-1)[:, target].mean())
 
 
+@pytest.mark.learning
 @pytest.mark.timeout(600)
 def test_grpo_learns_to_start_with_the_rewarded_token():
     prompts = torch.randint(2, 64, (NUM_PROMPTS, 4), generator=torch.Generator().manual_seed(0))

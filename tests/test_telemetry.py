@@ -35,15 +35,6 @@ def offline_wandb(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy machine the pool's waiting costs seconds."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -87,7 +78,7 @@ def test_summary_of_two_actors_by_hand():
     })
 
 
-def test_summaries_of_real_vanilla_and_speculative_rollouts(one_thread):
+def test_summaries_of_real_vanilla_and_speculative_rollouts():
     model = build_tiny_model(init_std=0.3)
     prompts = [[3, 4, 5], [6, 7]]
     params = SamplingParams(max_new_tokens=12, n=2, seed=1)
