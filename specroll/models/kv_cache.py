@@ -92,13 +92,14 @@ class KVCache:
         base = self.lengths[:batch, None]
         src = base + node_index
         dst = base + torch.arange(width, device=node_index.device)
-        # Gather first (all sources read before any destination is written).
+        # Gather first (all sources read before any destination is written). Row and slot
+        # indices are split by a slice, so indexing puts their dims first: [B, W, L, H, D].
         k = self.k[:, rows, :, src]
         v = self.v[:, rows, :, src]
         valid = torch.arange(width, device=node_index.device)[None, :] < counts[:, None]
         r, c = rows[valid], dst[valid]
-        self.k[:, r, :, c] = k[:, valid]
-        self.v[:, r, :, c] = v[:, valid]
+        self.k[:, r, :, c] = k[valid]
+        self.v[:, r, :, c] = v[valid]
         self.lengths[:batch] += counts
 
     def keep_rows(self, rows: torch.Tensor) -> None:

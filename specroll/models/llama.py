@@ -122,6 +122,14 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inverse_frequencies(cfg), persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        # Rope frequencies stay float32 when the weights go to bf16 (as in transformers):
+        # rounded to bf16, a token hundreds of positions in is rotated by a visibly wrong angle.
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
+
     def forward(
         self,
         input_ids: torch.Tensor,

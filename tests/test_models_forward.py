@@ -1,0 +1,167 @@
+"""Our Llama-family forward against transformers as the oracle, on the same weights."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specroll.models import CausalLM, from_hf_state_dict, tiny_config
+from specroll.models.llama import rope_inverse_frequencies
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
+def tiny_pair(model_type: str = "llama", seed: int = 0, init_std: float = 0.1, **overrides):
+    """A random transformers model (the oracle) and our `CausalLM` holding the same weights.
+
+    The initialisation is wider than transformers' default so attention is far from uniform,
+    and the norm weights are perturbed so a norm that ignored them would be caught.
+    """
+    cfg = tiny_config(model_type, **overrides)
+    hf_cfg = cfg.to_hf()
+    hf_cfg.initializer_range = init_std
+    torch.manual_seed(seed)
+    hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    ours = CausalLM(cfg)
+    ours.load_state_dict(from_hf_state_dict(hf.state_dict(), cfg))
+    return hf, ours.eval()
+
+
+def random_ids(vocab_size: int, batch: int, length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize(
+    "model_type, overrides",
+    [
+        ("llama", {}),
+        ("llama", {"tie_word_embeddings": True}),
+        ("llama", {"qkv_bias": True, "num_kv_heads": 4}),
+        ("qwen2", {}),
+        ("qwen2", {"tie_word_embeddings": False}),
+    ],
+    ids=["llama", "llama-tied", "llama-bias-mha", "qwen2", "qwen2-untied"],
+)
+def test_logits_match_transformers(model_type, overrides):
+    hf, ours = tiny_pair(model_type, **overrides)
+    ids = random_ids(ours.config.vocab_size, 3, 40)
+    with torch.no_grad():
+        expected = hf(ids).logits
+        got = ours(ids).logits
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+def test_untied_head_is_its_own_parameter():
+    hf, ours = tiny_pair("llama", tie_word_embeddings=False)
+    assert ours.lm_head.weight.data_ptr() != ours.embed_tokens.weight.data_ptr()
+    torch.testing.assert_close(ours.lm_head.weight, hf.lm_head.weight, rtol=0, atol=0)
+    assert not torch.equal(ours.lm_head.weight, ours.embed_tokens.weight)
+
+
+def test_llama3_rope_scaling_matches_transformers_beyond_original_context():
+    overrides = dict(rope_scaling=LLAMA3_ROPE, max_position_embeddings=1024, head_dim=16, num_heads=2, num_kv_heads=1)
+    hf, ours = tiny_pair("llama", **overrides)
+    ids = random_ids(ours.config.vocab_size, 2, 300)
+    with torch.no_grad():
+        expected = hf(ids).logits
+        got = ours(ids).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+    # The scaling must matter on these positions, or the check above proves nothing.
+    unscaled = CausalLM(tiny_config("llama", **{**overrides, "rope_scaling": None}))
+    unscaled.load_state_dict(ours.state_dict())
+    with torch.no_grad():
+        assert (unscaled(ids).logits[:, 64:] - expected[:, 64:]).abs().max() > 1e-2
+
+
+def test_hidden_state_is_transformers_last_hidden_state_after_final_norm():
+    hf, ours = tiny_pair("qwen2")
+    ids = random_ids(ours.config.vocab_size, 2, 30)
+    with torch.no_grad():
+        expected = hf.model(ids).last_hidden_state
+        out = ours(ids)
+    torch.testing.assert_close(out.hidden, expected, rtol=0, atol=1e-5)
+
+
+def test_logits_at_picks_positions_of_the_full_logits():
+    _, ours = tiny_pair("llama")
+    ids = random_ids(ours.config.vocab_size, 2, 12)
+    at = torch.tensor([[11, 0, 5], [3, 3, 7]])
+    with torch.no_grad():
+        full = ours(ids).logits
+        picked = ours(ids, logits_at=at).logits
+    torch.testing.assert_close(picked, torch.stack([full[0, at[0]], full[1, at[1]]]), rtol=0, atol=1e-6)
+
+
+def test_bf16_forward_is_close_to_fp32_transformers():
+    hf, ours = tiny_pair("llama")
+    ids = random_ids(ours.config.vocab_size, 2, 64)
+    with torch.no_grad():
+        expected = hf(ids).logits
+        got = ours.to(torch.bfloat16)(ids).logits
+    assert got.dtype == torch.bfloat16
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=0.1)
+
+
+def test_rope_frequencies_stay_float32_in_bf16():
+    ours = CausalLM(tiny_config("llama", rope_scaling=LLAMA3_ROPE, head_dim=16)).to(torch.bfloat16)
+    assert ours.embed_tokens.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(ours.inv_freq, rope_inverse_frequencies(ours.config), rtol=0, atol=0)
+
+
+def test_bf16_matches_transformers_bf16_far_into_the_context(tmp_path):
+    """transformers loads bf16 weights with float32 rope frequencies; so must we."""
+    overrides = dict(max_position_embeddings=2048, head_dim=16, num_heads=2, num_kv_heads=1)
+    hf, ours = tiny_pair("llama", init_std=0.3, **overrides)  # peaky attention: positions matter
+    hf.save_pretrained(tmp_path)
+    hf_bf16 = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    ids = random_ids(ours.config.vocab_size, 1, 1000)
+    with torch.no_grad():
+        expected = hf_bf16(ids).logits.float()
+        got = ours.to(torch.bfloat16)(ids).logits.float()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0.05)
+
+
+def test_gradients_match_transformers():
+    hf, ours = tiny_pair("qwen2")  # tied embeddings and q/k/v biases: every kind of parameter
+    hf.train()
+    ours.train()
+    ids = random_ids(ours.config.vocab_size, 2, 24)
+    hf_loss = torch.nn.functional.cross_entropy(hf(ids).logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    loss = torch.nn.functional.cross_entropy(ours(ids).logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    hf_loss.backward()
+    loss.backward()
+    expected = from_hf_state_dict({n: p.grad for n, p in hf.named_parameters()}, ours.config)
+    for name, p in ours.named_parameters():
+        assert p.grad is not None, f"{name} got no gradient"
+        assert p.grad.abs().sum() > 0, f"{name} got a zero gradient"
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.fixture(scope="module")
+def smollm2_prompt(smollm2, gsm8k_test_questions):
+    _, tokenizer = smollm2
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": gsm8k_test_questions[0]}], add_generation_prompt=True, tokenize=False
+    )
+    return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+
+
+def test_smollm2_logits_match_transformers(smollm2, smollm2_dir, smollm2_prompt):
+    model, _ = smollm2
+    hf = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = hf(smollm2_prompt).logits
+        got = model(smollm2_prompt).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)

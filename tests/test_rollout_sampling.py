@@ -1,0 +1,193 @@
+"""The one sampling function: hand-worked distributions, seeding, and what the engine samples."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specroll.models import build_tiny_model
+from specroll.rollout import RolloutEngine, SamplingParams, sampling_logprobs
+
+NEG_INF = float("-inf")
+LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0])
+PROMPT_A = [5, 9, 13]
+PROMPT_B = [7, 8, 20, 21, 22, 23, 24, 25]
+PROMPT_C = [30, 31, 32, 33, 34]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    # Wide enough an initialisation that the next-token distributions are far from uniform.
+    return RolloutEngine(build_tiny_model("llama", seed=0, init_std=0.2))
+
+
+def assert_logprobs(params: SamplingParams, expected: list[float]) -> None:
+    got = sampling_logprobs(LOGITS, params)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, torch.tensor(expected), rtol=0, atol=1e-6)
+
+
+# log(e^2 + e^1) = 2 + log(1 + e^-1): the normaliser once only the two best tokens remain.
+TOP_TWO = [-math.log(1 + math.exp(-1)), -1 - math.log(1 + math.exp(-1)), NEG_INF, NEG_INF]
+
+
+def test_logprobs_plain_softmax():
+    norm = math.log(math.exp(2) + math.exp(1) + 1 + math.exp(-1))
+    assert_logprobs(SamplingParams(), [2 - norm, 1 - norm, -norm, -1 - norm])
+
+
+def test_logprobs_temperature():
+    # Logits / 2 = [1, 0.5, 0, -0.5].
+    norm = math.log(math.exp(1) + math.exp(0.5) + 1 + math.exp(-0.5))
+    assert_logprobs(SamplingParams(temperature=2.0), [1 - norm, 0.5 - norm, -norm, -0.5 - norm])
+
+
+def test_logprobs_top_k():
+    assert_logprobs(SamplingParams(top_k=2), TOP_TWO)
+
+
+def test_logprobs_top_p():
+    # Softmax is [0.644, 0.237, 0.087, 0.032].
+    # top_p 0.5: the best token alone already holds 0.644 >= 0.5.
+    assert_logprobs(SamplingParams(top_p=0.5), [0.0, NEG_INF, NEG_INF, NEG_INF])
+    # top_p 0.8: 0.644 < 0.8 keeps the second token; 0.881 >= 0.8 drops the third.
+    assert_logprobs(SamplingParams(top_p=0.8), TOP_TWO)
+
+
+def test_logprobs_temperature_before_top_p():
+    # At temperature 0.5 the best token holds e^4 / (e^4 + e^2 + 1 + e^-2) = 0.865 >= 0.8.
+    assert_logprobs(SamplingParams(temperature=0.5, top_p=0.8), [0.0, NEG_INF, NEG_INF, NEG_INF])
+
+
+def test_logprobs_top_k_before_top_p():
+    # After top-2 the best token holds 1 / (1 + e^-1) = 0.731 >= 0.7 (it held 0.644 before).
+    assert_logprobs(SamplingParams(top_k=2, top_p=0.7), [0.0, NEG_INF, NEG_INF, NEG_INF])
+
+
+def test_logprobs_greedy_reports_the_plain_softmax():
+    assert_logprobs(SamplingParams(temperature=0.0, top_k=1), sampling_logprobs(LOGITS, SamplingParams()).tolist())
+
+
+def test_logprobs_are_per_row():
+    logits = torch.stack([LOGITS, LOGITS.flip(0)])
+    got = sampling_logprobs(logits, SamplingParams(top_k=2))
+    torch.testing.assert_close(got[0], torch.tensor(TOP_TWO), rtol=0, atol=1e-6)
+    torch.testing.assert_close(got[1], torch.tensor(TOP_TWO).flip(0), rtol=0, atol=1e-6)
+
+
+@torch.no_grad()
+def teacher_forced_logits(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """Logits [len(response), V] each response token was sampled from, by a full forward."""
+    seq = torch.tensor([prompt + response[:-1]])
+    return model(seq).logits[0, len(prompt) - 1 :]
+
+
+def rows_of(out, prompts, n):
+    """(prompt, response) of every output row, prompt-major."""
+    return [(prompts[i // n], out.token_ids[i]) for i in range(len(prompts) * n)]
+
+
+def test_same_seed_same_samples(engine):
+    params = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, max_new_tokens=24, n=4, seed=11)
+    first = engine.generate([PROMPT_A, PROMPT_B], params)
+    second = engine.generate([PROMPT_A, PROMPT_B], params)
+    assert first.token_ids == second.token_ids
+    assert first.logprobs == second.logprobs
+
+
+def test_different_seeds_differ(engine):
+    params = SamplingParams(max_new_tokens=16, n=4, seed=0)
+    a = engine.generate([PROMPT_A], params).token_ids
+    b = engine.generate([PROMPT_A], SamplingParams(max_new_tokens=16, n=4, seed=1)).token_ids
+    assert all(x != y for x, y in zip(a, b))
+    assert len({tuple(t) for t in a}) == 4  # the n samples of one prompt differ too
+
+
+def test_samples_do_not_depend_on_the_rest_of_the_batch(engine):
+    # Several stop ids make rows finish (and leave the batch) at different steps.
+    params = SamplingParams(max_new_tokens=30, n=3, seed=5, stop_token_ids=(2, 3, 4, 6))
+    with_b = engine.generate([PROMPT_A, PROMPT_B], params)
+    with_c = engine.generate([PROMPT_A, PROMPT_C], params)
+    alone = engine.generate([PROMPT_A], params)
+    for other in (with_b, with_c):
+        assert len({len(t) for t in other.token_ids}) > 2, "rows should finish at different steps"
+        assert other.token_ids[:3] == alone.token_ids
+        for got, expected in zip(other.logprobs[:3], alone.logprobs):
+            torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=0, atol=1e-5)
+    assert with_b.token_ids[3:] != with_c.token_ids[3:]
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_top_k_never_samples_outside_the_k_most_likely(engine, top_k):
+    prompts = [PROMPT_A, PROMPT_B]
+    params = SamplingParams(top_k=top_k, max_new_tokens=20, n=4, seed=2)
+    out = engine.generate(prompts, params)
+    for prompt, response in rows_of(out, prompts, params.n):
+        logits = teacher_forced_logits(engine.model, prompt, response)
+        for step, token in enumerate(response):
+            better = int((logits[step] > logits[step, token] + 1e-4).sum())
+            assert better < top_k, f"step {step}: token {token} has {better} more likely tokens"
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 0.5), (0.7, 0.8)])
+def test_top_p_never_samples_outside_the_nucleus(engine, temperature, top_p):
+    prompts = [PROMPT_A, PROMPT_B]
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=20, n=4, seed=3)
+    out = engine.generate(prompts, params)
+    for prompt, response in rows_of(out, prompts, params.n):
+        probs = torch.softmax(teacher_forced_logits(engine.model, prompt, response) / temperature, dim=-1)
+        for step, token in enumerate(response):
+            # The token is in the nucleus iff the tokens more likely than it hold < top_p.
+            mass_above = float(probs[step][probs[step] > probs[step, token]].sum())
+            assert mass_above < top_p + 1e-5, f"step {step}: {mass_above:.4f} of the mass ranks above {token}"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_k=10, top_p=0.9, max_new_tokens=20, n=3, seed=4),
+        SamplingParams(temperature=1.3, max_new_tokens=20, n=3, seed=4),
+        SamplingParams(temperature=0.0, max_new_tokens=20, n=1),
+    ],
+    ids=["processed", "plain", "greedy"],
+)
+def test_returned_logprobs_match_teacher_forcing(engine, params):
+    prompts = [PROMPT_A, PROMPT_C]
+    out = engine.generate(prompts, params)
+    for i, (prompt, response) in enumerate(rows_of(out, prompts, params.n)):
+        logits = teacher_forced_logits(engine.model, prompt, response)
+        expected = sampling_logprobs(logits, params).gather(1, torch.tensor(response)[:, None]).squeeze(1)
+        assert len(out.logprobs[i]) == len(response)
+        torch.testing.assert_close(torch.tensor(out.logprobs[i]), expected, rtol=0, atol=1e-4)
+        if params.greedy:
+            assert response == logits.argmax(-1).tolist()
+
+
+def chi_square_p(samples: list[int], probs: torch.Tensor) -> float:
+    """p-value of the samples under `probs`; tokens expected fewer than 5 times are pooled."""
+    observed = torch.bincount(torch.tensor(samples), minlength=probs.numel()).double()
+    expected = probs.double() * len(samples)
+    rare = expected < 5
+    observed = torch.cat([observed[~rare], observed[rare].sum()[None]])
+    expected = torch.cat([expected[~rare], expected[rare].sum()[None]])
+    if expected[-1] == 0:
+        assert observed[-1] == 0, "sampled a token of probability 0"
+        observed, expected = observed[:-1], expected[:-1]
+    return float(chisquare(observed.numpy(), expected.numpy() * observed.sum().item() / expected.sum().item()).pvalue)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(max_new_tokens=1, n=4000, seed=0), SamplingParams(temperature=0.7, top_k=8, max_new_tokens=1, n=4000, seed=1)],
+    ids=["softmax", "temperature-top-k"],
+)
+def test_one_token_samples_follow_the_distribution(engine, params):
+    samples = [t[0] for t in engine.generate([PROMPT_A], params).token_ids]
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([PROMPT_A])).logits[0, -1]
+    assert chi_square_p(samples, sampling_logprobs(logits, params).exp()) > 1e-3
+    # The test has the power to notice a wrong distribution: the untempered softmax is rejected.
+    if params.temperature != 1.0:
+        assert chi_square_p(samples, torch.softmax(logits, -1).masked_fill(sampling_logprobs(logits, params).isinf(), 0)) < 1e-3
