@@ -12,7 +12,7 @@ import argparse
 from .data import SyntheticConfig, format_prompt, generate_synthetic, math_reward
 from .models import load_causal_lm
 from .rollout import RolloutEngine, SamplingParams
-from .spec import SpecConfig, shipped_heads
+from .spec import SpecConfig
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,14 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [format_prompt(tokenizer, p.question) for p in problems]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, n=args.n, seed=args.seed)
 
-    try:
-        heads_path = str(shipped_heads(args.model))
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"note: {exc}; speculating with untrained heads")
-        heads_path = None
     engines = {
         "vanilla": RolloutEngine(model, tokenizer, show_progress=True),
-        "specroll": RolloutEngine(model, tokenizer, spec=SpecConfig(heads_path=heads_path), show_progress=True),
+        "specroll": RolloutEngine(model, tokenizer, spec=SpecConfig(heads_path="shipped"), show_progress=True),
     }
     results = {}
     for name, engine in engines.items():

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from ..models import load_causal_lm
 from ..rollout import RolloutEngine, SamplingParams, sampling_logprobs
-from ..spec import SpecConfig, shipped_heads
+from ..spec import SpecConfig
 from .engine_vs_hf import DEFAULT_GSM8K, load_prompts, synchronize
 
 ORACLE_TOP = 64  # sibling candidates considered per position
@@ -86,7 +86,7 @@ def timed_generate(engine, prompts, params, device):
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy", default="smollm2-135m-instruct", help="alias, HF directory (e.g. an SFT output)")
-    ap.add_argument("--heads", default="shipped", help="'shipped', a heads file, or 'untrained'")
+    ap.add_argument("--heads", default="shipped", help="'shipped' (SpecRoll's heads for the policy), a file, or 'untrained'")
     ap.add_argument("--head-type", default="path", help="for untrained heads")
     ap.add_argument("--budget", default="concurrency", choices=["fixed", "concurrency", "cost_model"])
     ap.add_argument("--fixed-nodes", type=int, default=8)
@@ -104,10 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     model, tokenizer = load_causal_lm(args.policy, dtype=args.dtype, device=args.device)
     device = next(model.parameters()).device
-    if args.heads == "shipped":
-        heads_path = str(shipped_heads("smollm2-135m-instruct"))
-    else:
-        heads_path = None if args.heads == "untrained" else args.heads
+    heads_path = None if args.heads == "untrained" else args.heads
     spec = SpecConfig(head_type=args.head_type, heads_path=heads_path, budget=args.budget,
                       fixed_nodes=min(args.fixed_nodes, args.max_nodes), max_nodes=args.max_nodes,
                       capacity=args.capacity)

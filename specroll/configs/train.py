@@ -141,7 +141,7 @@ def check_paths(cfg: TrainConfig) -> None:
         elif looks_local(data.path, _DATA_SUFFIXES) and not local.is_file():
             raise ValueError(f"data.path: file not found: {local}")
     heads = cfg.rollout.spec.heads_path
-    if cfg.rollout.mode == "specroll" and heads is not None and not Path(heads).expanduser().is_file():
+    if cfg.rollout.mode == "specroll" and heads not in (None, "shipped") and not Path(heads).expanduser().is_file():
         raise ValueError(f"rollout.spec.heads_path: file not found: {Path(heads).expanduser()}")
     if cfg.resume not in RESUME_MODES and not Path(cfg.resume).expanduser().is_dir():
         raise ValueError(f"resume: checkpoint not found: {Path(cfg.resume).expanduser()} (or use 'auto' / 'never')")

@@ -11,13 +11,16 @@ from .heads import HEAD_TYPES
 class SpecConfig:
     num_heads: int = 4  # H horizon heads = maximum tree depth
     head_type: str = "path"  # "path" (Hydra-style, reads the tree path) or "medusa"
-    heads_path: str | None = None  # trained heads file; None = freshly initialised heads
+    # Trained heads file; "shipped" = SpecRoll's heads for this model (untrained if none ship);
+    # None = freshly initialised heads.
+    heads_path: str | None = "shipped"
     budget: str = "concurrency"  # node budget policy: fixed | concurrency | cost_model
     fixed_nodes: int = 8  # nodes per response (root included) for budget=fixed
     min_nodes: int = 1  # N_min; 1 = plain decoding when speculation does not fit
     max_nodes: int = 16  # N_max nodes per response, root included
     capacity: int | None = None  # C_hw override; None = from the cached hardware profile
     max_children: int = 8  # children drafted per node before the global best-N cut
+    max_frontier: int = 4  # nodes per depth that get children (each costs an LM-head product)
     calibration_momentum: float = 0.95  # EMA of per-depth acceptance calibration
     profile_cache_len: int = 256  # cache length the hardware profile is measured at
 
@@ -36,6 +39,8 @@ class SpecConfig:
             raise ValueError(f"spec.fixed_nodes must be within [min_nodes, max_nodes], got {self.fixed_nodes}")
         if self.capacity is not None and self.capacity < 1:
             raise ValueError(f"spec.capacity must be >= 1 or null, got {self.capacity}")
+        if self.max_frontier < 1:
+            raise ValueError(f"spec.max_frontier must be >= 1, got {self.max_frontier}")
         if self.max_children < 1:
             raise ValueError(f"spec.max_children must be >= 1, got {self.max_children}")
         if not 0 <= self.calibration_momentum < 1:

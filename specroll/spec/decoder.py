@@ -6,6 +6,7 @@ Plugs into `RolloutEngine` like the plain decoder: it feeds each row's last samp
 from __future__ import annotations
 
 import time
+import warnings
 from collections import Counter
 
 import torch
@@ -14,26 +15,39 @@ from ..rollout.engine import DecodeState, StepResult
 from ..rollout.sampling import sampling_logprobs
 from .budget import concurrency_budget, cost_model_budget
 from .config import SpecConfig
-from .heads import HorizonHeads
+from .heads import HorizonHeads, shipped_heads
 from .profile import get_profile
 from .tree import draft_candidates, root_only_tree, select_tree, tree_attention_mask
 from .verify import verify_tree
 
 
+def initial_heads(model, cfg: SpecConfig) -> HorizonHeads:
+    """Heads from `cfg.heads_path`; "shipped" falls back to untrained heads when none fit."""
+    path = cfg.heads_path
+    if path == "shipped":
+        try:
+            path = str(shipped_heads(model.config.name))
+            heads = HorizonHeads.load(path, model)
+        except (ValueError, FileNotFoundError) as exc:
+            warnings.warn(f"no usable shipped heads ({exc}); speculating with untrained heads")
+            return HorizonHeads.for_model(model, cfg.head_type, cfg.num_heads)
+        if (heads.head_type, heads.num_heads) != (cfg.head_type, cfg.num_heads):
+            warnings.warn(f"shipped heads are {heads.num_heads} {heads.head_type} heads, not "
+                          f"{cfg.num_heads} {cfg.head_type}; speculating with untrained heads")
+            return HorizonHeads.for_model(model, cfg.head_type, cfg.num_heads)
+        return heads
+    if path:
+        return HorizonHeads.load(path, model)
+    return HorizonHeads.for_model(model, cfg.head_type, cfg.num_heads)
+
+
 class SpecDecoder:
     def __init__(self, model, cfg: SpecConfig, heads: HorizonHeads | None = None) -> None:
         self.model, self.cfg = model, cfg
-        if heads is None:
-            heads = (HorizonHeads.load(cfg.heads_path, model) if cfg.heads_path
-                     else HorizonHeads.for_model(model, cfg.head_type, cfg.num_heads))
-        self.heads = heads.eval()
         # The acceptance rule; exactness tests swap in a deliberately biased one as a negative control.
         self.verify = verify_tree
         self.max_tokens_per_step = cfg.max_nodes
-        device = next(model.parameters()).device
-        # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
-        self.observed = torch.ones(heads.num_heads, device=device)
-        self.predicted = torch.ones(heads.num_heads, device=device)
+        self.set_heads(heads if heads is not None else initial_heads(model, cfg))
         self.profile = None
         if cfg.budget == "cost_model" or (cfg.budget == "concurrency" and cfg.capacity is None):
             self.profile = get_profile(model, cfg.profile_cache_len)
@@ -41,8 +55,12 @@ class SpecDecoder:
         self.reset_stats()
 
     def set_heads(self, heads: HorizonHeads) -> None:
-        """Swap in new head weights (between generate calls)."""
+        """Use `heads` from the next step on (call between generate calls) and recalibrate."""
         self.heads = heads.eval()
+        device = next(self.model.parameters()).device
+        # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
+        self.observed = torch.ones(heads.num_heads, device=device)
+        self.predicted = torch.ones(heads.num_heads, device=device)
 
     def reset_stats(self) -> None:
         self.stats = {"tokens_per_step": Counter(), "budget_per_step": [], "accepted_by_depth": [0] * self.heads.num_heads,
@@ -80,7 +98,8 @@ class SpecDecoder:
 
     def draft(self, state: DecodeState):
         return draft_candidates(self.heads, self.model, state.last_hidden, state.last_tokens,
-                                self.cfg.max_nodes - 1, self.log_calibration(), self.cfg.max_children)
+                                self.cfg.max_nodes - 1, self.log_calibration(), self.cfg.max_children,
+                                self.cfg.max_frontier)
 
     @torch.inference_mode()
     def step(self, state: DecodeState) -> StepResult:

@@ -79,11 +79,12 @@ class HorizonHeads(nn.Module):
         return HeadsMeta(self.head_type, self.num_heads, self.hidden_size, self.base_model,
                          self.base_model_name, self.version)
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
+        """Write weights in `dtype` (bfloat16 halves the file; `load` casts to the policy's dtype)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in self.state_dict().items()}
+        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
         save_file(state, str(tmp), metadata={"specroll_heads": json.dumps(asdict(self.meta()))})
         tmp.replace(path)
 

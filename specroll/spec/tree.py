@@ -56,8 +56,11 @@ class DraftTree:
 
 @torch.no_grad()
 def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, max_drafts: int,
-                     log_calibration: torch.Tensor, max_children: int = 8) -> Candidates:
+                     log_calibration: torch.Tensor, max_children: int = 8, max_frontier: int = 4) -> Candidates:
     """Draft up to `max_drafts` nodes per depth for each row from its own heads.
+
+    Only the `max_frontier` best nodes of a depth get children: with path heads every
+    expanded node costs an LM-head product, the dominant drafting cost.
 
     hidden [B, D]: the policy's final hidden state at the position that produced `roots` [B].
     log_calibration [H]: per-depth log correction of head probabilities (learned online).
@@ -91,11 +94,12 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
         depths.append(torch.full_like(idx, d + 1))
         scores.append(best)
         head_probs.append(torch.gather(flat_lp, 1, idx).exp())
-        # The kept nodes become the next frontier.
+        # The best kept nodes (topk sorts them) become the next frontier.
+        width_next = min(max_frontier, keep)
         if heads.head_type == "path":
-            state = torch.gather(states, 1, parent_slot[..., None].expand(-1, -1, states.shape[-1]))
-        frontier_tokens, frontier_scores = tokens[-1], best
-        frontier_ids = torch.arange(next_id, next_id + keep, device=hidden.device)[None].expand(batch, keep)
+            state = torch.gather(states, 1, parent_slot[:, :width_next, None].expand(-1, -1, states.shape[-1]))
+        frontier_tokens, frontier_scores = tokens[-1][:, :width_next], best[:, :width_next]
+        frontier_ids = torch.arange(next_id, next_id + width_next, device=hidden.device)[None].expand(batch, -1)
         next_id += keep
     return Candidates(torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(depths, 1),
                       torch.cat(scores, 1), torch.cat(head_probs, 1))
