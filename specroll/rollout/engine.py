@@ -106,9 +106,16 @@ class RolloutEngine:
                 raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None) -> RolloutOutput:
+    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None,
+                 prompt_keys: list | None = None) -> RolloutOutput:
+        """`params.n` responses per prompt. `prompt_keys` names each prompt's random streams
+        (default: its index); a shard of a larger batch passes global keys, so a response's
+        samples do not depend on how the batch was split."""
         params = params or SamplingParams()
         self.check_prompts(prompts)
+        keys = list(range(len(prompts))) if prompt_keys is None else list(prompt_keys)
+        if len(keys) != len(prompts):
+            raise ValueError(f"prompt_keys has {len(keys)} entries for {len(prompts)} prompts")
         started = time.perf_counter()
         n, num_prompts = params.n, len(prompts)
         num_rows = num_prompts * n
@@ -122,7 +129,7 @@ class RolloutEngine:
 
         first_logits, first_hidden = self.prefill(prompts, cache)
         cache.repeat_rows(n)
-        rng = RowRandom(params.seed, [(i, j) for i in range(num_prompts) for j in range(n)], self.device)
+        rng = RowRandom(params.seed, [(key, j) for key in keys for j in range(n)], self.device)
         first, first_lp = sample_next(first_logits.repeat_interleave(n, dim=0), rng, params)
         state = DecodeState(cache, torch.arange(num_rows, device=self.device), rng, first,
                             first_hidden.repeat_interleave(n, dim=0), params)

@@ -31,6 +31,8 @@ RESPONSE_LENGTH_MAX = metric("rollout/response_length_max", "longest response, t
 CLIP_RATIO = metric("rollout/clip_ratio", "share of responses cut at rollout.max_new_tokens")
 REWARD_MEAN = metric("rollout/reward_mean", "mean reward over responses")
 ACCURACY = metric("rollout/accuracy", "share of responses whose final answer is correct")
+ROLLOUT_POLICY_VERSION = metric("rollout/policy_version",
+                                "policy version that sampled the responses (one behind train/* with cluster.overlap)")
 
 # spec/*: speculative decoding, from the rollout engine's stats.
 TOKENS_PER_STEP = metric("spec/tokens_per_step", "tokens emitted per response per verify pass (1 = no gain)")
