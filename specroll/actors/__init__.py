@@ -1,0 +1,25 @@
+"""Ray actors of a training run (rollout, learner, head consolidation) and the driver's view of them."""
+from .batch import Rollouts, prompt_key, split_groups
+from .head_consolidation_actor import DriftRecord, HeadConsolidationActor
+from .learner_actor import LearnerActor
+from .placement import actor_device, as_remote
+from .remote_calls import ActorFailedError, ActorTimeoutError, gather
+from .rollout_actor import RolloutActor
+from .run_actors import PendingRollouts, RunActors
+
+__all__ = [
+    "ActorFailedError",
+    "ActorTimeoutError",
+    "DriftRecord",
+    "HeadConsolidationActor",
+    "LearnerActor",
+    "PendingRollouts",
+    "RolloutActor",
+    "Rollouts",
+    "RunActors",
+    "actor_device",
+    "as_remote",
+    "gather",
+    "prompt_key",
+    "split_groups",
+]

@@ -1,0 +1,88 @@
+"""The learner actor: one rank of the DeepSpeed GRPO learner (gloo on CPU, NCCL on GPU).
+
+`cluster.learner_world_size` actors form one data-parallel group. Every method except
+`master_address` is collective: the driver calls it on all ranks at once, each with its own
+shard of whole groups. Rank 0 hands out the policy weights and writes the checkpoint record.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import ray
+import torch
+
+from specroll.configs import TrainConfig
+from specroll.learner import GRPOLearner, GRPOSamples, load_checkpoint, save_checkpoint
+from specroll.learner.grpo_learner import free_port
+
+from .batch import Rollouts
+from .placement import actor_device, use_cpus
+
+
+class LearnerActor:
+    """One learner rank. `setup` joins the process group and builds the `GRPOLearner`."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, world_size: int) -> None:
+        use_cpus(cfg.cluster.cpus_per_learner)
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.learner: GRPOLearner | None = None
+
+    def master_address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the process group: this node's address and a free port."""
+        return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1", free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> int:
+        """Join the process group and wrap the initial policy in DeepSpeed; returns the policy version."""
+        # Ray gives each GPU actor only its own GPUs, so this rank's device is local index 0.
+        os.environ.update(RANK=str(self.rank), LOCAL_RANK="0", WORLD_SIZE=str(self.world_size),
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        device = actor_device(self.cfg.learner.device)
+        # Loaded on the CPU in float32: DeepSpeed moves it and casts to learner.dtype.
+        model, _ = replace(self.cfg.model, device="cpu", dtype="float32").load(seed=self.cfg.seed)
+        self.learner = GRPOLearner(model, replace(self.cfg.learner, device=device))
+        return self.learner.version
+
+    def train(self, rollouts: Rollouts) -> dict:
+        """GRPO on this rank's shard: log-probs under the sampling-time policy, then the update.
+
+        Returns train/* metrics (reduced over ranks) and the seconds of each phase.
+        """
+        learner = self.learner
+        samples = learner.build_samples(rollouts.prompt_ids_per_response(), rollouts.response_ids, rollouts.rewards,
+                                        rollouts.group_size, truncated=rollouts.truncated())
+        started = time.perf_counter()
+        # The learner's own log-probs, not the engine's: the ratio must compare like with like.
+        samples.old_logprobs = learner.compute_logprobs(samples)
+        scored = time.perf_counter()
+        metrics = learner.update(samples)
+        done = time.perf_counter()
+        return {"metrics": metrics, "old_logprob_s": scored - started, "update_s": done - scored,
+                "tokens": sum(samples.sequence_lengths())}
+
+    def policy_weights(self) -> tuple[int, dict[str, torch.Tensor] | None]:
+        """`(version, full weights on the CPU)` on rank 0, `(version, None)` on the others
+        (ZeRO-3 gathers the weights collectively, so every rank takes part)."""
+        version, state = self.learner.policy_state_dict()
+        return version, state if self.rank == 0 else None
+
+    def response_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        """Log-probs of given responses under the current policy at the training temperature."""
+        samples = GRPOSamples(prompt_ids, response_ids, torch.zeros(len(response_ids)))
+        return [lp.tolist() for lp in self.learner.compute_logprobs(samples)]
+
+    def save(self, root: str, step: int, data_position: dict, heads: dict | None, wandb_run_id: str | None,
+             run_config: dict, keep_last: int) -> str:
+        """Write the run checkpoint for `step` (completed steps) under `root`; returns its path."""
+        path = save_checkpoint(self.learner, root, step, data_position=data_position, heads=heads,
+                               wandb_run_id=wandb_run_id, run_config=run_config, keep_last=keep_last)
+        return str(path)
+
+    def restore(self, path: str) -> dict:
+        """Load a checkpoint into this rank; returns what the driver resumes from (step, data
+        position, heads, W&B run id, policy version)."""
+        state = load_checkpoint(self.learner, Path(path))
+        return {"step": state.step, "data_position": state.data_position, "heads": state.heads,
+                "wandb_run_id": state.wandb_run_id, "policy_version": state.policy_version, "path": str(state.path)}

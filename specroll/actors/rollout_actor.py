@@ -1,0 +1,128 @@
+"""The rollout actor: a policy replica with draft heads and the speculative engine.
+
+Per step it generates `rollout.n` responses to each prompt of its shard, scores them, returns
+`Rollouts`, and sends the head-consolidation actor a `DriftRecord`. Policy weights and head
+weights arrive through their own calls, each with a version; Ray runs an actor's calls one at
+a time, so weights never change during a generate call, and a generate call names the policy
+version it expects, so a replica that missed an update refuses rather than mixing versions.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import replace
+
+import torch
+
+from specroll.configs import TrainConfig, validate_against_model
+from specroll.data import Problem, format_prompt, math_reward, score_response
+from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
+from specroll.rollout import RolloutEngine
+from specroll.spec import HorizonHeads
+
+from .batch import Rollouts, prompt_key
+from .head_consolidation_actor import DriftRecord
+from .placement import actor_device, use_cpus
+
+
+class RolloutActor:
+    """Generates and scores its shard of each step's prompts.
+
+    Args:
+        cfg: the run's config (model, rollout, data.reward, seed, cluster resources).
+        index: this actor's number, used in errors and telemetry.
+        consolidation: the head-consolidation actor's handle, or None (no drift telemetry).
+    """
+
+    def __init__(self, cfg: TrainConfig, index: int, consolidation=None) -> None:
+        use_cpus(cfg.cluster.cpus_per_rollout_actor)
+        self.cfg, self.index, self.consolidation = cfg, index, consolidation
+        model, tokenizer = replace(cfg.model, device=actor_device(cfg.model.device)).load(seed=cfg.seed)
+        validate_against_model(cfg, model.config)
+        if tokenizer is None:
+            raise ValueError("model.tokenizer must be set: prompts are formatted and responses scored as text")
+        self.model, self.tokenizer = model, tokenizer
+        self.engine = RolloutEngine(model, tokenizer, spec=cfg.rollout.speculation)
+        self.policy_version: int | None = None  # the initial weights are not a learner version yet
+
+    @property
+    def heads(self) -> HorizonHeads | None:
+        return self.engine.decoder.heads if self.cfg.rollout.speculation is not None else None
+
+    def versions(self) -> dict[str, int | None]:
+        """`{"policy": ..., "heads": ...}`: the versions this replica generates with (None: none yet / vanilla)."""
+        return {"policy": self.policy_version, "heads": None if self.heads is None else self.heads.version}
+
+    def load_policy(self, version: int, state: dict[str, torch.Tensor]) -> int:
+        """Replace all policy weights with the learner's `version` (cast to this replica's dtype and device)."""
+        self.model.load_state_dict(state)
+        self.policy_version = version
+        return version
+
+    def heads_state(self) -> dict | None:
+        """`{"version", "state"}` of the draft heads on the CPU; None for vanilla decoding."""
+        if self.heads is None:
+            return None
+        return {"version": self.heads.version,
+                "state": {k: v.detach().to("cpu", copy=True) for k, v in self.heads.state_dict().items()}}
+
+    def set_heads(self, version: int, state: dict[str, torch.Tensor]) -> int:
+        """Draft with heads `version` from the next generate call on; an older version is ignored."""
+        current = self.heads
+        if current is None:
+            raise ValueError("rollout.mode is 'vanilla': this actor has no draft heads")
+        if version < current.version:
+            return current.version
+        heads = copy.deepcopy(current)
+        heads.load_state_dict(state)
+        heads.version = version
+        self.engine.decoder.set_heads(heads)
+        return version
+
+    def generate(self, step: int, policy_version: int, problems: list[tuple[int, Problem]]) -> Rollouts:
+        """Responses to `problems` (each with its index in the step's batch) and their rewards."""
+        if self.policy_version != policy_version:
+            raise ValueError(
+                f"rollout actor {self.index} holds policy version {self.policy_version}, "
+                f"but step {step} must be generated with version {policy_version}"
+            )
+        started = time.perf_counter()
+        prompts = [format_prompt(self.tokenizer, problem.question) for _, problem in problems]
+        params = self.cfg.rollout.sampling_params(seed=self.cfg.seed)
+        out = self.engine.generate(prompts, params, prompt_keys=[prompt_key(step, i) for i, _ in problems])
+        generated = time.perf_counter()
+        texts = self.tokenizer.batch_decode(out.token_ids, skip_special_tokens=True)
+        golds = [problem.answer for _, problem in problems for _ in range(params.n)]
+        rewards = [score_response(text, gold, self.cfg.data.reward) for text, gold in zip(texts, golds)]
+        correct = [math_reward(text, gold) == 1.0 for text, gold in zip(texts, golds)]
+        head_version = None if self.heads is None else self.heads.version
+        if self.consolidation is not None and head_version is not None:
+            # Not waited on: telemetry must never stall rollouts.
+            self.consolidation.record.remote(
+                DriftRecord.from_stats(out.stats, self.index, step, policy_version, head_version))
+        return Rollouts(
+            step=step,
+            group_size=params.n,
+            policy_version=policy_version,
+            head_version=head_version,
+            prompt_indices=[i for i, _ in problems],
+            prompt_ids=prompts,
+            response_ids=out.token_ids,
+            logprobs=out.logprobs,
+            finish_reasons=out.finish_reasons,
+            rewards=rewards,
+            correct=correct,
+            engine_stats=[out.stats],
+            gen_s=generated - started,
+            reward_s=time.perf_counter() - generated,
+        )
+
+    @torch.inference_mode()
+    def response_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        """Log-probs of given responses under this replica's policy at the rollout temperature
+        (what the learner computes for them: the check that weights arrived)."""
+        samples = GRPOSamples(prompt_ids, response_ids, torch.zeros(len(response_ids)))
+        batch = pad_samples(samples, list(range(len(samples)))).to(next(self.model.parameters()).device)
+        out = sequence_logprobs(self.model, batch.input_ids, batch.prompt_lens, batch.response_lens,
+                                self.cfg.rollout.temperature)
+        return [out.logprobs[row, : len(r)].float().cpu().tolist() for row, r in enumerate(response_ids)]

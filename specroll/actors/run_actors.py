@@ -1,0 +1,181 @@
+"""The actors of one training run, as the driver sees them: one method per phase of a step.
+
+Every call waits with `cluster.remote_timeout_s` and names the actor that failed
+("rollout actor 1", "learner rank 0", "head-consolidation actor").
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import ray
+
+from specroll.configs import TrainConfig
+from specroll.data import Problem
+
+from .batch import Rollouts, split_groups
+from .head_consolidation_actor import DriftRecord, HeadConsolidationActor
+from .learner_actor import LearnerActor
+from .placement import as_remote
+from .remote_calls import gather
+from .rollout_actor import RolloutActor
+
+CONSOLIDATION = "head-consolidation actor"
+
+
+def rollout_name(index: int) -> str:
+    return f"rollout actor {index}"
+
+
+def learner_name(rank: int) -> str:
+    return f"learner rank {rank}"
+
+
+class PendingRollouts(NamedTuple):
+    step: int
+    calls: list  # (rollout actor name, pending `Rollouts`)
+
+
+class RunActors:
+    """`cluster.num_rollout_actors` rollout actors, `cluster.learner_world_size` learner ranks and,
+    when speculating, the head-consolidation actor, with the policy version each side holds."""
+
+    def __init__(self, cfg: TrainConfig, rollout: list, learners: list, consolidation) -> None:
+        self.cfg, self.timeout_s = cfg, cfg.cluster.remote_timeout_s
+        self.rollout, self.learners, self.consolidation = rollout, learners, consolidation
+        self.learner_version: int | None = None
+        self.rollout_version: int | None = None
+
+    @classmethod
+    def start(cls, cfg: TrainConfig) -> "RunActors":
+        """Create the actors with the resources of `cfg.cluster` and wait until all are ready."""
+        c = cfg.cluster
+        # Bookkeeping only for now; the drift-triggered head update will ask for resources.
+        consolidation = (as_remote(HeadConsolidationActor, num_cpus=0).remote(c.remote_timeout_s)
+                         if cfg.rollout.speculation is not None else None)
+        rollout_cls = as_remote(RolloutActor, c.cpus_per_rollout_actor, c.gpus_per_rollout_actor)
+        learner_cls = as_remote(LearnerActor, c.cpus_per_learner, c.gpus_per_learner)
+        actors = cls(
+            cfg,
+            [rollout_cls.remote(cfg, i, consolidation) for i in range(c.num_rollout_actors)],
+            [learner_cls.remote(cfg, rank, c.learner_world_size) for rank in range(c.learner_world_size)],
+            consolidation,
+        )
+        try:
+            actors.wait_until_ready()
+        except BaseException:
+            actors.shutdown()
+            raise
+        return actors
+
+    def wait_until_ready(self) -> None:
+        what = "start-up (a hang here can mean the Ray cluster lacks the CPUs / GPUs that cluster.* asks for)"
+        (address, port), = gather([(learner_name(0), self.learners[0].master_address.remote())], what, self.timeout_s)
+        calls = [(learner_name(r), learner.setup.remote(address, port)) for r, learner in enumerate(self.learners)]
+        calls += [(rollout_name(i), actor.versions.remote()) for i, actor in enumerate(self.rollout)]
+        self.learner_version = gather(calls, what, self.timeout_s)[0]
+        if self.consolidation is not None:
+            gather([(CONSOLIDATION, self.consolidation.attach.remote(self.rollout))], what, self.timeout_s)
+            # Every replica built the same initial heads; rollout actor 0's become the versioned reference.
+            initial = self.rollout[0].heads_state.remote()
+            gather([(CONSOLIDATION, self.consolidation.set_heads.remote(initial))], "set_heads (initial heads)",
+                   self.timeout_s)
+
+    def sync_policy(self) -> int:
+        """Give every rollout actor the learner's current weights unless they hold them already.
+
+        The weights go into the object store once; every rollout actor loads that same object.
+        Returns the policy version the rollout actors now hold.
+        """
+        if self.rollout_version == self.learner_version:
+            return self.rollout_version
+        published = [learner.policy_weights.options(num_returns=2).remote() for learner in self.learners]
+        versions = gather([(learner_name(r), version) for r, (version, _) in enumerate(published)],
+                          "policy_weights", self.timeout_s)
+        version, weights = versions[0], published[0][1]
+        calls = [(rollout_name(i), actor.load_policy.remote(version, weights)) for i, actor in enumerate(self.rollout)]
+        gather(calls, f"load_policy (policy version {version})", self.timeout_s)
+        self.rollout_version = version
+        return version
+
+    def start_rollouts(self, step: int, problems: list[Problem]) -> PendingRollouts:
+        """Ask each rollout actor for its shard of whole groups; results via `collect_rollouts`."""
+        shards = split_groups(len(problems), len(self.rollout))
+        return PendingRollouts(step, [
+            (rollout_name(i), actor.generate.remote(step, self.rollout_version, [(j, problems[j]) for j in shard]))
+            for i, (actor, shard) in enumerate(zip(self.rollout, shards))
+        ])
+
+    def collect_rollouts(self, pending: PendingRollouts,
+                         on_shard: Callable[[Rollouts], None] | None = None) -> Rollouts:
+        """The step's rollouts, in prompt order; `on_shard` sees each actor's shard as it lands."""
+        return Rollouts.concat(gather(pending.calls, f"generate (step {pending.step})", self.timeout_s, on_shard))
+
+    def train(self, rollouts: Rollouts) -> dict:
+        """One GRPO update on the rollouts, each rank on its share of whole groups.
+
+        Returns train/* metrics, the slowest rank's seconds per phase and the tokens trained on.
+        """
+        shards = split_groups(len(rollouts), len(self.learners))
+        calls = [(learner_name(r), learner.train.remote(rollouts.select(shard)))
+                 for r, (learner, shard) in enumerate(zip(self.learners, shards))]
+        results = gather(calls, f"train (step {rollouts.step})", self.timeout_s)
+        self.learner_version = int(results[0]["metrics"]["train/policy_version"])
+        return {
+            "metrics": results[0]["metrics"],
+            "old_logprob_s": max(r["old_logprob_s"] for r in results),
+            "update_s": max(r["update_s"] for r in results),
+            "tokens": sum(r["tokens"] for r in results),
+        }
+
+    def save(self, root: str, step: int, data_position: dict, wandb_run_id: str | None, run_config: dict,
+             keep_last: int) -> str:
+        """A complete checkpoint of `step` finished steps: learner ranks, data position, heads, W&B id, config."""
+        heads = self.consolidation.heads.remote() if self.consolidation is not None else None
+        calls = [(learner_name(r), learner.save.remote(root, step, data_position, heads if r == 0 else None,
+                                                      wandb_run_id, run_config, keep_last))
+                 for r, learner in enumerate(self.learners)]
+        return gather(calls, f"save_checkpoint (step {step})", self.timeout_s)[0]
+
+    def restore(self, path: str) -> dict:
+        """Load checkpoint `path` into every learner rank and its heads into the consolidation actor.
+
+        Returns rank 0's record: step, data_position, heads, wandb_run_id, policy_version, path.
+        """
+        calls = [(learner_name(r), learner.restore.remote(path)) for r, learner in enumerate(self.learners)]
+        resumed = gather(calls, f"load_checkpoint ({path})", self.timeout_s)[0]
+        self.learner_version = resumed["policy_version"]
+        if resumed["heads"] is not None and self.consolidation is not None:
+            gather([(CONSOLIDATION, self.consolidation.set_heads.remote(resumed["heads"]))],
+                   "set_heads (checkpointed heads)", self.timeout_s)
+        return resumed
+
+    def heads_metrics(self) -> dict[str, float]:
+        """heads/version and timing_s/head_sync since the last call; empty without speculation."""
+        if self.consolidation is None:
+            return {}
+        return gather([(CONSOLIDATION, self.consolidation.step_metrics.remote())], "step_metrics", self.timeout_s)[0]
+
+    def publish_heads(self, state: dict) -> int:
+        """New draft-head weights for every rollout actor; returns their version."""
+        return gather([(CONSOLIDATION, self.consolidation.publish_heads.remote(state))], "publish_heads",
+                      self.timeout_s)[0]
+
+    def drift_history(self) -> list[DriftRecord]:
+        return gather([(CONSOLIDATION, self.consolidation.drift_history.remote())], "drift_history", self.timeout_s)[0]
+
+    def rollout_call(self, method: str, *args) -> list:
+        """`method(*args)` on every rollout actor (e.g. `versions`, `response_logprobs`), in actor order."""
+        calls = [(rollout_name(i), getattr(actor, method).remote(*args)) for i, actor in enumerate(self.rollout)]
+        return gather(calls, method, self.timeout_s)
+
+    def learner_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        """Log-probs of given responses under the learner's policy (every rank computes; rank 0's)."""
+        calls = [(learner_name(r), learner.response_logprobs.remote(prompt_ids, response_ids))
+                 for r, learner in enumerate(self.learners)]
+        return gather(calls, "response_logprobs", self.timeout_s)[0]
+
+    def shutdown(self) -> None:
+        for actor in [*self.rollout, *self.learners, self.consolidation]:
+            if actor is not None:
+                ray.kill(actor)

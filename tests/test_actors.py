@@ -1,0 +1,193 @@
+"""Actors on a real local Ray cluster with a tiny model: two rollout actors, a learner and the
+head-consolidation actor take two GRPO steps; weights, heads and telemetry travel versioned."""
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from hydra import compose, initialize_config_dir
+
+from specroll.actors import (
+    ActorFailedError,
+    ActorTimeoutError,
+    DriftRecord,
+    HeadConsolidationActor,
+    RolloutActor,
+    Rollouts,
+    RunActors,
+    as_remote,
+    gather,
+    split_groups,
+)
+from specroll.configs import load_train_config
+from specroll.data import load_problems
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+PROMPTS, GROUP = 4, 2
+# Rewards of a random tiny model are all 0, so advantages are 0: weight decay is what moves
+# the weights, enough that an actor still on old weights gives other log-probs.
+OVERRIDES = [
+    "experiment=smoke",
+    "cluster.num_rollout_actors=2",
+    f"data.prompts_per_step={PROMPTS}",
+    f"rollout.n={GROUP}",
+    "learner.lr=0.1",
+    "learner.weight_decay=1.0",
+]
+
+
+def config(overrides=()):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return load_train_config(compose("config", overrides=OVERRIDES + list(overrides)))
+
+
+def wait_for(condition, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.2)
+
+
+def test_split_groups_gives_contiguous_near_equal_shards():
+    assert split_groups(5, 2) == [range(0, 3), range(3, 5)]
+    assert split_groups(4, 4) == [range(i, i + 1) for i in range(4)]
+    with pytest.raises(ValueError, match="3 prompts cannot be split into 4"):
+        split_groups(3, 4)
+
+
+def test_rollouts_concat_in_prompt_order_and_select_whole_groups():
+    def part(first, version=0):
+        return Rollouts(step=3, group_size=2, policy_version=version, head_version=first, prompt_indices=[first],
+                        prompt_ids=[[first]], response_ids=[[first, 0], [first, 1]], logprobs=[[0.0], [0.0]],
+                        finish_reasons=["stop", "length"], rewards=[1.0, 0.0], correct=[True, False], gen_s=first)
+
+    whole = Rollouts.concat([part(1), part(0)])
+    assert whole.prompt_indices == [0, 1] and whole.response_ids == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert (whole.head_version, whole.gen_s) == (0, 1)
+    second = whole.select(range(1, 2))
+    assert second.prompt_ids_per_response() == [[1], [1]] and second.truncated() == [False, True]
+    with pytest.raises(ValueError, match=r"policy versions \[0, 1\]"):
+        Rollouts.concat([part(0), part(1, version=1)])
+
+
+def test_drift_record_from_engine_stats():
+    stats = {"verify_steps": 3, "tokens_per_step_mean": 1.5, "acceptance_by_depth": [0.5, 0.25],
+             "budget_per_step": [4, 2, 3]}
+    record = DriftRecord.from_stats(stats, actor_index=1, step=7, policy_version=2, head_version=5)
+    assert record.acceptance_by_depth == (0.5, 0.25)
+    assert (record.budget_mean, record.budget_min, record.budget_max) == (3.0, 2, 4)
+    assert (record.actor_index, record.step, record.policy_version, record.head_version) == (1, 7, 2, 5)
+
+
+def test_responses_do_not_depend_on_how_the_prompts_are_split():
+    """Used in-process (no Ray): one actor generating the batch whole or as two shards."""
+    torch.set_num_threads(1)
+    cfg = config()
+    actor = RolloutActor(cfg, index=0)
+    actor.load_policy(0, actor.model.state_dict())
+    problems = load_problems("synthetic", synthetic=cfg.data.synthetic)[:PROMPTS]
+    whole = actor.generate(5, 0, list(enumerate(problems)))
+    shards = [actor.generate(5, 0, [(i, problems[i]) for i in r]) for r in split_groups(PROMPTS, 2)]
+    assert Rollouts.concat(shards).response_ids == whole.response_ids
+    other_step = actor.generate(6, 0, list(enumerate(problems)))
+    assert other_step.response_ids != whole.response_ids
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=4, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def two_steps(ray_cluster):
+    """Two GRPO steps through the driver's calls; the rollout actors then get the newest policy."""
+    cfg = config()
+    actors = RunActors.start(cfg)
+    problems = load_problems("synthetic", synthetic=cfg.data.synthetic)
+    steps = []
+    for step in range(2):
+        synced = actors.sync_policy()
+        rollouts = actors.collect_rollouts(actors.start_rollouts(step, problems[step * PROMPTS:(step + 1) * PROMPTS]))
+        steps.append({"synced": synced, "rollouts": rollouts, "trained": actors.train(rollouts)})
+    actors.sync_policy()
+    yield cfg, actors, problems, steps
+    actors.shutdown()
+
+
+def test_two_grpo_steps_increment_the_policy_version(two_steps):
+    _, actors, _, steps = two_steps
+    assert [s["synced"] for s in steps] == [0, 1]
+    assert [s["rollouts"].policy_version for s in steps] == [0, 1]
+    assert [s["trained"]["metrics"]["train/policy_version"] for s in steps] == [1, 2]
+    assert all(s["trained"]["metrics"]["train/num_sequences"] == PROMPTS * GROUP for s in steps)
+    assert steps[1]["rollouts"].prompt_indices == list(range(PROMPTS))
+    assert len(steps[1]["rollouts"].engine_stats) == 2  # one per rollout actor
+    assert actors.learner_version == 2
+    assert [v["policy"] for v in actors.rollout_call("versions")] == [2, 2]
+
+
+def test_every_rollout_actor_scores_a_response_as_the_learner_does(two_steps):
+    _, actors, _, steps = two_steps
+    rollouts = steps[0]["rollouts"]
+    prompts, responses = rollouts.prompt_ids_per_response()[:3], rollouts.response_ids[:3]
+    learner = actors.learner_logprobs(prompts, responses)
+    for replica in actors.rollout_call("response_logprobs", prompts, responses):
+        for ours, theirs in zip(replica, learner):
+            torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=0, atol=1e-5)
+    # The log-probs the responses were sampled with (version 0) are clearly others.
+    old = torch.tensor(rollouts.logprobs[0])
+    assert (torch.tensor(learner[0]) - old).abs().max() > 1e-3
+
+
+def test_drift_telemetry_reaches_the_consolidation_actor(two_steps):
+    cfg, actors, _, _ = two_steps
+
+    def records():
+        return {(r.actor_index, r.step): r for r in actors.drift_history()}
+
+    wait_for(lambda: {(a, s) for a in (0, 1) for s in (0, 1)} <= set(records()))
+    record = records()[(1, 1)]
+    assert (record.policy_version, record.head_version) == (1, 0)
+    assert len(record.acceptance_by_depth) == cfg.rollout.spec.num_heads
+    assert record.verify_steps > 0 and record.tokens_per_step >= 1
+    assert record.budget_min == record.budget_max == cfg.rollout.spec.fixed_nodes
+
+
+def test_published_heads_reach_every_rollout_actor(two_steps):
+    _, actors, problems, _ = two_steps
+    initial = actors.rollout_call("heads_state")[0]
+    new_state = {k: v + 0.01 for k, v in initial["state"].items()}
+    assert actors.publish_heads(new_state) == initial["version"] + 1
+    assert [v["heads"] for v in actors.rollout_call("versions")] == [1, 1]
+    for held in actors.rollout_call("heads_state"):
+        assert all(torch.equal(held["state"][k], new_state[k]) for k in new_state)
+    # A stale broadcast never replaces newer heads.
+    assert actors.rollout_call("set_heads", 0, initial["state"]) == [1, 1]
+    metrics = actors.heads_metrics()
+    assert metrics["heads/version"] == 1 and metrics["timing_s/head_sync"] > 0
+    rollouts = actors.collect_rollouts(actors.start_rollouts(2, problems[:PROMPTS]))
+    assert rollouts.head_version == 1
+    wait_for(lambda: any(r.step == 2 and r.head_version == 1 for r in actors.drift_history()))
+
+
+def test_a_rollout_actor_refuses_to_generate_with_another_policy_version(two_steps):
+    _, actors, problems, _ = two_steps
+    call = actors.rollout[0].generate.remote(9, 1, [(0, problems[0])])
+    with pytest.raises(ActorFailedError, match="rollout actor 0 failed in generate: ValueError: rollout actor 0 "
+                                               "holds policy version 2, but step 9 must be generated with version 1"):
+        gather([("rollout actor 0", call)], "generate", timeout_s=60)
+
+
+def test_slow_and_dead_actors_are_named(two_steps):
+    _, actors, problems, _ = two_steps
+    call = actors.rollout[1].generate.remote(9, 2, [(0, problems[0])])
+    with pytest.raises(ActorTimeoutError, match=r"rollout actor 1 did not finish generate within 0.001 s"):
+        gather([("rollout actor 1", call)], "generate", timeout_s=0.001)
+    ray.get(call)  # let it finish: the actor stays usable
+    doomed = as_remote(HeadConsolidationActor, num_cpus=0).remote(1.0)
+    ray.kill(doomed)
+    with pytest.raises(ActorFailedError, match="head-consolidation actor died during drift_history"):
+        gather([("head-consolidation actor", doomed.drift_history.remote())], "drift_history", timeout_s=60)
