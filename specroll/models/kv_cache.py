@@ -40,14 +40,14 @@ class KVCache:
 
     # -- used by the attention layers during a forward ------------------------------------
     def append_slots(self, num_new: int) -> torch.Tensor:
-        """Slot index of every new token, [B, T]; raises if a row would overflow."""
-        if int(self.lengths.max()) + num_new > self.max_len:
+        """Slot index of every new token of the live rows, [B, T]; raises if a row would overflow."""
+        lengths = self.lengths[: self.batch_size]
+        if int(lengths.max()) + num_new > self.max_len:
             raise ValueError(
-                f"KV cache overflow: a row needs {int(self.lengths.max()) + num_new} slots, "
+                f"KV cache overflow: a row needs {int(lengths.max()) + num_new} slots, "
                 f"the cache holds {self.max_len}"
             )
-        offsets = torch.arange(num_new, device=self.lengths.device)
-        return self.lengths[: self.batch_size, None] + offsets
+        return lengths[:, None] + torch.arange(num_new, device=lengths.device)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new keys / values ([B, H, T, D]) at `slots` ([B, T])."""
