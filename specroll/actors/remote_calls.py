@@ -1,11 +1,14 @@
 """Waiting on remote calls: every wait has a timeout, and every failure names the actor."""
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class ActorFailedError(RuntimeError):
@@ -17,12 +20,13 @@ class ActorTimeoutError(ActorFailedError):
 
 
 def reason(exc: RayActorError) -> str:
-    """The cause of an actor's death in one line (Ray's message runs to a page)."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, RayTaskError) and cause.cause is not None:
-        return f"{type(cause.cause).__name__}: {cause.cause}"
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
+    """The cause of an actor's death in one line (Ray's message runs to a page): the
+    exception that ended a traceback (e.g. a config error in its constructor), else the summary."""
+    lines = [ANSI_ESCAPE.sub("", line).strip() for line in str(exc).splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return type(exc).__name__
+    return lines[-1] if any(line.startswith("File ") for line in lines) else lines[0]
 
 
 def gather(calls: Sequence[tuple[str, "ray.ObjectRef"]], what: str, timeout_s: float,

@@ -1,0 +1,238 @@
+"""GRPO training with exact speculative rollouts on Ray: the driver.
+
+    python -m specroll.train experiment=quickstart      # a short SmolLM2 run on this machine
+    python -m specroll.train cluster.num_rollout_actors=2 rollout=vanilla
+    python -m specroll.train experiment=paper_gsm8k_qwen2_5_1_5b cluster.ray_address=auto
+
+Each step: sample prompts -> push the latest policy to the rollout actors -> rollouts
+(generate, reward) -> advantages and the learner's update -> metrics -> a checkpoint every
+`checkpoint_every` steps. With `cluster.overlap` the rollouts of step k+1 are generated while
+the learner trains on step k, so training is one policy version off-policy.
+
+The Hydra tree is `conf/` next to the package, or the directory in $SPECROLL_CONF.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import hydra
+import ray
+import torch
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
+
+from specroll.actors import ActorFailedError, Rollouts, RunActors
+from specroll.configs import ClusterSection, TrainConfig, load_train_config
+from specroll.data import PromptStream, load_problems
+from specroll.learner import latest_checkpoint
+from specroll.models import resolve_checkpoint
+from specroll.telemetry import MetricsLogger, StepProgress, response_metrics, summarize_rollout_stats
+from specroll.telemetry import metric_names as m
+from specroll.telemetry.sinks import JSONL_NAME
+
+CONF_ENV = "SPECROLL_CONF"
+CHECKPOINTS = "checkpoints"  # under run_dir
+
+
+def conf_dir() -> str:
+    return os.environ.get(CONF_ENV) or str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors], None] | None = None) -> dict:
+    """Train as `cfg` says, from its latest checkpoint when `cfg.resume` allows; returns a summary.
+
+    `on_step_end(step, metrics, actors)` runs after each logged step (notebooks, tests).
+    The summary holds: run_dir, first_step, total_steps, policy_version, data_position, last_checkpoint,
+    checkpoint_dir, metrics_file, wandb_run_id, wandb_dir, metrics (of the last step).
+    """
+    check_runnable(cfg)
+    run_dir = Path(cfg.run_dir)
+    checkpoints = run_dir / CHECKPOINTS
+    resume_from = checkpoint_to_resume(cfg, checkpoints)
+    problems = load_problems(cfg.data.name, cfg.data.path, cfg.data.split, cfg.data.limit, cfg.data.synthetic)
+    for name in (cfg.model.name, cfg.model.tokenizer):
+        if name is not None and not name.startswith("tiny-"):
+            resolve_checkpoint(name)  # converts or downloads once, before the actors race to
+    started_ray = connect_ray(cfg.cluster)
+    actors = logger = None
+    try:
+        actors = RunActors.start(cfg)
+        resumed = actors.restore(str(resume_from)) if resume_from is not None else None
+        first_step = resumed["step"] if resumed else 0
+        stream = PromptStream(problems, cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
+        if resumed:
+            stream.load_state_dict(resumed["data_position"])
+        logger = MetricsLogger(cfg.logger, run_dir, config=cfg.to_dict(),
+                               run_id=resumed["wandb_run_id"] if resumed else None, first_step=first_step)
+        positions: dict[int, dict] = {}  # step -> data position once its prompts are drawn
+        last_checkpoint = resumed["path"] if resumed else None
+        metrics: dict = {}
+
+        def start_rollouts(step: int):
+            """Draw the step's prompts, push the latest policy, launch generation."""
+            batch = next(stream)
+            positions[step] = stream.state_dict()
+            started = time.perf_counter()
+            actors.sync_policy()
+            return actors.start_rollouts(step, batch), time.perf_counter() - started
+
+        with StepProgress(cfg.total_steps, first_step) as progress:
+            pending = None
+            for step in range(first_step, cfg.total_steps):
+                step_started = time.perf_counter()
+                if pending is None:
+                    pending = start_rollouts(step)
+                (launched, weight_sync_s), pending = pending, None
+                rollouts = collect_with_progress(actors, launched, cfg)
+                if cfg.cluster.overlap and step + 1 < cfg.total_steps:
+                    pending = start_rollouts(step + 1)  # generates while the learner trains on this step
+                trained = actors.train(rollouts)
+                checkpoint_s = 0.0
+                if checkpoint_due(cfg, step):
+                    saving = time.perf_counter()
+                    last_checkpoint = actors.save(str(checkpoints), step + 1, positions[step], logger.run_id,
+                                                  cfg.to_dict(), cfg.keep_last)
+                    checkpoint_s = time.perf_counter() - saving
+                # Logged after the checkpoint so that the step's record includes its saving time.
+                metrics = step_metrics(rollouts, trained, actors.heads_metrics(), weight_sync_s, checkpoint_s,
+                                       time.perf_counter() - step_started)
+                logger.log(step, metrics)
+                progress.update(step, metrics)
+                if on_step_end is not None:
+                    on_step_end(step, metrics, actors)
+        return {
+            "run_dir": str(run_dir),
+            "first_step": first_step,
+            "total_steps": cfg.total_steps,
+            "policy_version": actors.learner_version,
+            "data_position": stream.state_dict(),
+            "last_checkpoint": last_checkpoint,
+            "checkpoint_dir": str(checkpoints),
+            "metrics_file": str(run_dir / JSONL_NAME) if cfg.logger.jsonl else None,
+            "wandb_run_id": logger.run_id,
+            "wandb_dir": wandb_location(logger),
+            "metrics": metrics,
+        }
+    except ActorFailedError as exc:
+        newest = latest_checkpoint(checkpoints)
+        where = f"the last complete checkpoint is {newest}" if newest else "no checkpoint was completed yet"
+        raise ActorFailedError(f"{exc}\n  {where}; run again with resume=auto to continue from it") from exc
+    finally:
+        if logger is not None:
+            logger.close()
+        if actors is not None:
+            actors.shutdown()
+        if started_ray:
+            ray.shutdown()
+
+
+def check_runnable(cfg: TrainConfig) -> None:
+    """What the run needs beyond a valid config, checked before any actor starts."""
+    if cfg.model.tiny_type is not None and cfg.model.tokenizer is None:
+        raise ValueError("model.tokenizer must be set for training: prompts are formatted and responses scored as text")
+    c = cfg.cluster
+    if c.learner_world_size > 1 and 0 < c.gpus_per_learner < 1:
+        raise ValueError(f"cluster.gpus_per_learner must be 0 or >= 1 with several learner ranks, got "
+                         f"{c.gpus_per_learner}: NCCL ranks cannot share a GPU")
+
+
+def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
+    newest = latest_checkpoint(checkpoints)
+    if cfg.resume == "auto":
+        return newest
+    if cfg.resume == "never":
+        if newest is not None:
+            raise ValueError(f"resume: run_dir {cfg.run_dir} already holds checkpoints (newest {newest.name}); "
+                             "resume=auto continues them, or choose a new run_dir")
+        return None
+    return Path(cfg.resume).expanduser()
+
+
+def connect_ray(cluster: ClusterSection) -> bool:
+    """Join `cluster.ray_address` (or the job's $RAY_ADDRESS), or start a local cluster; True if started here."""
+    if ray.is_initialized():
+        return False
+    address = cluster.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)
+        return True
+    c = cluster
+    gpus = c.num_rollout_actors * c.gpus_per_rollout_actor + c.learner_world_size * c.gpus_per_learner
+    if gpus > torch.cuda.device_count():
+        raise ValueError(f"cluster.gpus_per_rollout_actor / cluster.gpus_per_learner ask for {gpus:g} GPUs; "
+                         f"this machine has {torch.cuda.device_count()}")
+    cpus = c.num_rollout_actors * c.cpus_per_rollout_actor + c.learner_world_size * c.cpus_per_learner
+    # Ray's CPUs are bookkeeping: a laptop with fewer cores still runs the config, just slower.
+    ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), include_dashboard=False)
+    return True
+
+
+def collect_with_progress(actors: RunActors, pending, cfg: TrainConfig) -> Rollouts:
+    total = cfg.data.prompts_per_step * cfg.rollout.n
+    with tqdm(total=total, desc=f"rollouts of step {pending.step}", unit="response", leave=False,
+              disable=None) as bar:
+        return actors.collect_rollouts(pending, on_shard=lambda shard: bar.update(len(shard.response_ids)))
+
+
+def checkpoint_due(cfg: TrainConfig, step: int) -> bool:
+    done = step + 1
+    return cfg.checkpoint_every > 0 and (done % cfg.checkpoint_every == 0 or done == cfg.total_steps)
+
+
+def step_metrics(rollouts: Rollouts, trained: dict, heads: dict, weight_sync_s: float, checkpoint_s: float,
+                 step_s: float) -> dict[str, float]:
+    metrics = response_metrics([len(r) for r in rollouts.response_ids], rollouts.finish_reasons, rollouts.rewards,
+                               rollouts.correct)
+    metrics[m.ROLLOUT_POLICY_VERSION] = float(rollouts.policy_version)
+    metrics.update(summarize_rollout_stats(rollouts.engine_stats, rollouts.head_version))
+    metrics.update(trained["metrics"])
+    metrics.update(heads)
+    metrics.update({
+        m.TIME_GEN: rollouts.gen_s,
+        m.TIME_REWARD: rollouts.reward_s,
+        m.TIME_OLD_LOGPROB: trained["old_logprob_s"],
+        m.TIME_UPDATE: trained["update_s"],
+        m.TIME_WEIGHT_SYNC: weight_sync_s,
+        m.TIME_CHECKPOINT: checkpoint_s,
+        m.TRAIN_TOKENS_PER_S: trained["tokens"] / max(trained["update_s"], 1e-9),
+        m.STEP_TIME_S: step_s,
+    })
+    return metrics
+
+
+def wandb_location(logger: MetricsLogger) -> str | None:
+    """The offline run's directory (what `wandb sync` takes), the run's URL online, None without W&B."""
+    if logger.wandb is None:
+        return None
+    run = logger.wandb.run
+    return str(Path(run.dir).parent) if run.offline else run.url
+
+
+def describe(summary: dict) -> str:
+    lines = [f"SpecRoll run in {summary['run_dir']}: steps {summary['first_step']}-{summary['total_steps'] - 1} "
+             f"done, policy version {summary['policy_version']}"]
+    if summary["wandb_dir"]:
+        sync = f"   (upload: wandb sync {summary['wandb_dir']})" if not summary["wandb_dir"].startswith("http") else ""
+        lines.append(f"  W&B run:      {summary['wandb_dir']}{sync}")
+    if summary["metrics_file"]:
+        lines.append(f"  metrics:      {summary['metrics_file']}")
+    lines.append(f"  checkpoints:  {summary['checkpoint_dir']}   (latest: {summary['last_checkpoint']})")
+    return "\n".join(lines)
+
+
+@hydra.main(config_path=conf_dir(), config_name="config", version_base=None)
+def main(hydra_cfg: DictConfig) -> None:
+    try:
+        cfg = load_train_config(hydra_cfg)
+        check_runnable(cfg)
+    except ValueError as exc:
+        raise SystemExit(f"invalid config: {exc}") from None
+    print(describe(run_training(cfg)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The driver (`specroll.train`) end to end on a real local Ray cluster with a tiny model:
+failures name the actor, resume=auto continues where the last checkpoint left off, Hydra
+overrides change what runs, and invalid configs fail before anything starts."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+from hydra import compose, initialize_config_dir
+
+from specroll.actors import ActorFailedError
+from specroll.configs import load_train_config
+from specroll.data import PromptStream, load_problems
+from specroll.train import run_training
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=4, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """W&B offline with its settings and caches inside the test's directory."""
+    for var, sub in (("WANDB_DIR", "wandb_dir"), ("WANDB_CONFIG_DIR", "wandb_config"), ("WANDB_CACHE_DIR", "wandb_cache")):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+def config(tmp_path, overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return load_train_config(compose("config", overrides=["experiment=smoke", f"run_dir={tmp_path / 'run'}",
+                                                              "logger.console=false", *overrides]))
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def test_a_killed_rollout_actor_is_named_and_resume_auto_continues(ray_cluster, tmp_path, offline_wandb):
+    cfg = config(tmp_path, ["cluster.num_rollout_actors=2", "total_steps=3", "checkpoint_every=1", "logger=wandb_offline"])
+
+    def kill_rollout_actor_1(step, metrics, actors):
+        if step == 1:
+            ray.kill(actors.rollout[1])
+
+    with pytest.raises(ActorFailedError, match="rollout actor 1 died during load_policy") as failure:
+        run_training(cfg, on_step_end=kill_rollout_actor_1)
+    assert "step_00000002; run again with resume=auto" in str(failure.value)
+
+    summary = run_training(cfg)
+    assert summary["first_step"] == 2 and summary["policy_version"] == 3
+    fresh = PromptStream(load_problems("synthetic", synthetic=cfg.data.synthetic), cfg.data.prompts_per_step,
+                         cfg.seed, cfg.data.shuffle)
+    for _ in range(3):
+        next(fresh)
+    assert summary["data_position"] == fresh.state_dict()
+    rows = read_jsonl(summary["metrics_file"])
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["train/policy_version"] for r in rows] == [1, 2, 3]
+    assert [r["rollout/policy_version"] for r in rows] == [0, 1, 2]
+    assert all(r["timing_s/checkpoint"] > 0 and r["spec/head_version"] == 0 for r in rows)
+    # One W&B run: the resumed process wrote into the run the first one started.
+    runs = sorted((Path(cfg.run_dir) / "wandb").glob(f"offline-run-*-{summary['wandb_run_id']}"))
+    assert len(runs) == 2 and summary["wandb_dir"] in map(str, runs)
+    assert summary["last_checkpoint"].endswith("step_00000003")
+
+
+def test_hydra_overrides_change_what_runs(ray_cluster, tmp_path):
+    cfg = config(tmp_path, ["rollout=vanilla", "rollout.max_new_tokens=8", "cluster.num_rollout_actors=2",
+                            "cluster.learner_world_size=2", "cluster.overlap=true", "checkpoint_every=0"])
+    summary = run_training(cfg)
+    rows = read_jsonl(summary["metrics_file"])
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(r["rollout/response_length_max"] <= 8 for r in rows)
+    assert not any(name.startswith(("spec/tokens", "heads/")) for r in rows for name in r)  # vanilla decoding
+    assert all(r["train/num_sequences"] == 4 for r in rows)  # both learner ranks' shares
+    # Overlap: step 1 was generated with the weights of before step 0's update.
+    assert [r["rollout/policy_version"] for r in rows] == [0, 0]
+    assert [r["train/policy_version"] for r in rows] == [1, 2]
+    assert summary["last_checkpoint"] is None and not Path(summary["checkpoint_dir"]).exists()
+
+
+def test_invalid_configs_fail_before_anything_starts(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "specroll.train", "experiment=smoke", "cluster.num_rollout_actors=3"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "invalid config: cluster.num_rollout_actors (3) must be <= data.prompts_per_step (2)" in result.stderr
+    assert "Ray" not in result.stdout + result.stderr
+
+    with pytest.raises(ValueError, match="model.tokenizer must be set for training"):
+        run_training(config(tmp_path, ["model.tokenizer=null"]))
+    finished = tmp_path / "run" / "checkpoints" / "step_00000004"
+    finished.mkdir(parents=True)
+    (finished / "COMPLETE").write_text("4\n")
+    with pytest.raises(ValueError, match="resume: run_dir .* already holds checkpoints .*step_00000004"):
+        run_training(config(tmp_path, ["resume=never"]))
+
+
+def test_limits_of_the_model_fail_at_actor_start_naming_the_field(ray_cluster, tmp_path):
+    cfg = config(tmp_path, ["rollout.max_new_tokens=253", "learner.max_response_len=254"])
+    with pytest.raises(ActorFailedError, match=r"rollout actor 0 died during start-up.*rollout.max_new_tokens \(253\) "
+                                               r"\+ rollout.spec.max_nodes \(4\) = 257 exceeds"):
+        run_training(cfg)
