@@ -56,7 +56,7 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
     problems = load_problems(cfg.data.name, cfg.data.path, cfg.data.split, cfg.data.limit, cfg.data.synthetic)
     for name in (cfg.model.name, cfg.model.tokenizer):
         if name is not None and not name.startswith("tiny-"):
-            resolve_checkpoint(name)  # converts or downloads once, before the actors race to
+            resolve_checkpoint(name)  # convert (or download) once here, not in every actor at once
     started_ray = connect_ray(cfg.cluster)
     actors = logger = None
     try:
@@ -68,17 +68,17 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
             stream.load_state_dict(resumed["data_position"])
         logger = MetricsLogger(cfg.logger, run_dir, config=cfg.to_dict(),
                                run_id=resumed["wandb_run_id"] if resumed else None, first_step=first_step)
-        positions: dict[int, dict] = {}  # step -> data position once its prompts are drawn
         last_checkpoint = resumed["path"] if resumed else None
         metrics: dict = {}
 
         def start_rollouts(step: int):
-            """Draw the step's prompts, push the latest policy, launch generation."""
+            """Draw the step's prompts, push the latest policy, launch generation. Returns the
+            pending rollouts, the weight-sync seconds and the data position after this batch."""
             batch = next(stream)
-            positions[step] = stream.state_dict()
+            position = stream.state_dict()
             started = time.perf_counter()
             actors.sync_policy()
-            return actors.start_rollouts(step, batch), time.perf_counter() - started
+            return actors.start_rollouts(step, batch), time.perf_counter() - started, position
 
         with StepProgress(cfg.total_steps, first_step) as progress:
             pending = None
@@ -86,7 +86,7 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
                 step_started = time.perf_counter()
                 if pending is None:
                     pending = start_rollouts(step)
-                (launched, weight_sync_s), pending = pending, None
+                (launched, weight_sync_s, data_position), pending = pending, None
                 rollouts = collect_with_progress(actors, launched, cfg)
                 if cfg.cluster.overlap and step + 1 < cfg.total_steps:
                     pending = start_rollouts(step + 1)  # generates while the learner trains on this step
@@ -94,7 +94,7 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
                 checkpoint_s = 0.0
                 if checkpoint_due(cfg, step):
                     saving = time.perf_counter()
-                    last_checkpoint = actors.save(str(checkpoints), step + 1, positions[step], logger.run_id,
+                    last_checkpoint = actors.save(str(checkpoints), step + 1, data_position, logger.run_id,
                                                   cfg.to_dict(), cfg.keep_last)
                     checkpoint_s = time.perf_counter() - saving
                 # Logged after the checkpoint so that the step's record includes its saving time.
@@ -118,6 +118,8 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
             "metrics": metrics,
         }
     except ActorFailedError as exc:
+        if logger is None:  # failed while starting: nothing ran that a resume would continue
+            raise
         newest = latest_checkpoint(checkpoints)
         where = f"the last complete checkpoint is {newest}" if newest else "no checkpoint was completed yet"
         raise ActorFailedError(f"{exc}\n  {where}; run again with resume=auto to continue from it") from exc

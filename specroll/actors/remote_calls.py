@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayError, RayTaskError
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -19,7 +19,7 @@ class ActorTimeoutError(ActorFailedError):
     """A named actor did not answer a remote call within the timeout."""
 
 
-def reason(exc: RayActorError) -> str:
+def reason(exc: RayError) -> str:
     """The cause of an actor's death in one line (Ray's message runs to a page): the
     exception that ended a traceback (e.g. a config error in its constructor), else the summary."""
     lines = [ANSI_ESCAPE.sub("", line).strip() for line in str(exc).splitlines()]
@@ -55,6 +55,8 @@ def gather(calls: Sequence[tuple[str, "ray.ObjectRef"]], what: str, timeout_s: f
         except RayTaskError as exc:
             cause = exc.cause if exc.cause is not None else exc
             raise ActorFailedError(f"{name} failed in {what}: {type(cause).__name__}: {cause}") from exc
+        except RayError as exc:  # e.g. its result was lost, or the task was killed for memory
+            raise ActorFailedError(f"{name} failed in {what}: {type(exc).__name__}: {reason(exc)}") from exc
         if on_result is not None:
             on_result(results[index])
     return results
