@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m specroll.demo
+	$(PY) -m specroll.train experiment=quickstart
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
