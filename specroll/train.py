@@ -215,8 +215,12 @@ def wandb_location(logger: MetricsLogger) -> str | None:
 
 
 def describe(summary: dict) -> str:
-    lines = [f"SpecRoll run in {summary['run_dir']}: steps {summary['first_step']}-{summary['total_steps'] - 1} "
-             f"done, policy version {summary['policy_version']}"]
+    first, total = summary["first_step"], summary["total_steps"]
+    if first < total:
+        head = f"steps {first}-{total - 1} done, policy version {summary['policy_version']}"
+    else:
+        head = f"all {total} steps were already done (raise total_steps to go on, or use another run_dir)"
+    lines = [f"SpecRoll run in {summary['run_dir']}: {head}"]
     if summary["wandb_dir"]:
         sync = f"   (upload: wandb sync {summary['wandb_dir']})" if not summary["wandb_dir"].startswith("http") else ""
         lines.append(f"  W&B run:      {summary['wandb_dir']}{sync}")
