@@ -2,7 +2,7 @@
 from .batching import GRPOSamples, MicroBatch, loss_normalizer, micro_batch_indices, mini_batch_indices, pad_samples
 from .checkpoint import ResumeState, export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import LearnerConfig
-from .grpo_learner import GRPOLearner, build_ds_config, ensure_distributed, lr_multiplier
+from .grpo_learner import GRPOLearner, build_ds_config, build_engine, ensure_distributed, lr_multiplier
 from .logprobs import ResponseLogprobs, sequence_logprobs
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "ResponseLogprobs",
     "ResumeState",
     "build_ds_config",
+    "build_engine",
     "ensure_distributed",
     "export_hf",
     "latest_checkpoint",

@@ -92,6 +92,27 @@ def build_ds_config(cfg: LearnerConfig) -> dict:
     }
 
 
+def training_dtype(cfg: LearnerConfig) -> torch.dtype:
+    return torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+
+
+def build_engine(model: CausalLM, cfg: LearnerConfig):
+    """`model` in `cfg.dtype` inside a DeepSpeed engine: AdamW, clipping, ZeRO stage and the
+    `lr_multiplier` schedule of `cfg`, after joining the process group (`ensure_distributed`)."""
+    import deepspeed
+
+    ensure_distributed(resolve_device(cfg.device))
+    engine, *_ = deepspeed.initialize(
+        model=model.to(dtype=training_dtype(cfg)),
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=build_ds_config(cfg),
+        lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_multiplier(step, cfg)
+        ),
+    )
+    return engine
+
+
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
@@ -142,27 +163,16 @@ class GRPOLearner:
     def __init__(self, model: CausalLM, cfg: LearnerConfig) -> None:
         """`model` is the initial policy; with `cfg.use_reference` a frozen copy of it becomes
         the reference, so a learner resumed from a checkpoint still compares to the start."""
-        import deepspeed
-
         cfg.validate()
         self.cfg = cfg
         self.model_config = model.config
-        ensure_distributed(resolve_device(cfg.device))
-        dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
         # Copied before DeepSpeed touches the model: ZeRO-3 partitions weights in place.
         reference = copy.deepcopy(model) if cfg.use_reference else None
-        self.engine, *_ = deepspeed.initialize(
-            model=model.to(dtype=dtype),
-            model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=build_ds_config(cfg),
-            lr_scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(
-                optimizer, lambda step: lr_multiplier(step, cfg)
-            ),
-        )
+        self.engine = build_engine(model, cfg)
         self.device = self.engine.device  # this rank's device, e.g. cuda:<local rank>
         self.reference = None
         if reference is not None:
-            self.reference = reference.to(device=self.device, dtype=dtype).eval().requires_grad_(False)
+            self.reference = reference.to(device=self.device, dtype=training_dtype(cfg)).eval().requires_grad_(False)
         self.version = 0
 
     @property
