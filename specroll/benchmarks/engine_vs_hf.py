@@ -1,0 +1,260 @@
+"""Vanilla rollout engine vs transformers `generate` on SmolLM2-135M-Instruct.
+
+Both sample with the same settings (temperature 1, top_p 1, no top-k, same max_new_tokens)
+from the same GSM8K test prompts, and run alternately (ours, hf, ours, hf, ...) after a
+warm-up, so drifting machine load hits both alike. Throughput counts generated tokens up to
+and including EOS, never padding: tokens/s = generated tokens / wall time of the call.
+
+At batch 1 a decode step cannot be faster than reading every weight once, so the measured
+step time is also compared with that floor: parameter bytes / measured memory bandwidth.
+
+    python -m specroll.benchmarks.engine_vs_hf --batch-sizes 1 8 32 --max-new-tokens 128 --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..data import SyntheticConfig, format_prompt, generate_synthetic, load_gsm8k
+from ..models import load_causal_lm, resolve_checkpoint, resolve_device
+from ..rollout import RolloutEngine, SamplingParams
+
+MODEL = "smollm2-135m-instruct"
+DEFAULT_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class Run:
+    system: str  # "ours" or "hf"
+    batch_size: int
+    repeat: int
+    tokens: int  # generated tokens up to and including EOS, summed over the batch
+    wall_s: float
+    steps: int  # decode steps: the longest response
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+
+def run_record(run: Run) -> dict:
+    return asdict(run) | {"tokens_per_s": run.tokens_per_s}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def load_prompts(tokenizer, count: int, gsm8k_path: Path) -> tuple[list[list[int]], str]:
+    """The first `count` GSM8K test questions as chat prompts; synthetic problems without the file."""
+    if gsm8k_path.is_file():
+        problems, source = load_gsm8k(str(gsm8k_path), limit=count), str(gsm8k_path)
+    else:
+        problems, source = generate_synthetic(SyntheticConfig(num_problems=count)), "synthetic"
+    return [format_prompt(tokenizer, p.question) for p in problems], source
+
+
+def sampling_params(max_new_tokens: int, seed: int) -> SamplingParams:
+    return SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, seed=seed)
+
+
+def run_ours(engine: RolloutEngine, prompts, max_new_tokens: int, seed: int, device) -> tuple[int, float, int]:
+    synchronize(device)
+    started = time.perf_counter()
+    out = engine.generate(prompts, sampling_params(max_new_tokens, seed))
+    synchronize(device)
+    wall = time.perf_counter() - started
+    lengths = [len(t) for t in out.token_ids]
+    return sum(lengths), wall, max(lengths)
+
+
+def response_length(tokens: list[int], eos_ids: set[int]) -> int:
+    """Tokens up to and including the first EOS; what follows it in a batch is padding."""
+    for i, token in enumerate(tokens):
+        if token in eos_ids:
+            return i + 1
+    return len(tokens)
+
+
+def run_hf(hf_model, prompts, max_new_tokens: int, seed: int, device, eos_ids: list[int], pad_id: int):
+    # Left padding with an attention mask: how batched generation is done with transformers.
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    params = sampling_params(max_new_tokens, seed)
+    torch.manual_seed(seed)
+    synchronize(device)
+    started = time.perf_counter()
+    out = hf_model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        max_new_tokens=params.max_new_tokens,
+        eos_token_id=eos_ids,
+        pad_token_id=pad_id,
+    )
+    synchronize(device)
+    wall = time.perf_counter() - started
+    new = out[:, width:].tolist()
+    return sum(response_length(row, set(eos_ids)) for row in new), wall, len(new[0])
+
+
+def memory_bandwidth_gbs(device: torch.device, megabytes: int = 512, repeats: int = 5) -> float:
+    """Best-of-`repeats` copy bandwidth in GB/s, counting the bytes read and the bytes written."""
+    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch: page faults are not bandwidth
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        started = time.perf_counter()
+        dst.copy_(src)
+        synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return 2 * src.nbytes / best / 1e9
+
+
+def weight_bytes_per_step(model) -> int:
+    """Bytes a batch-1 decode step must read: every distinct parameter once.
+
+    A tied embedding matrix is counted once: the LM head GEMV reads all of it, the input
+    lookup one row. An untied input embedding is left out (the lookup reads one row of it).
+    """
+    tied = model.lm_head.weight is model.embed_tokens.weight
+    return sum(
+        p.numel() * p.element_size()
+        for name, p in model.named_parameters()  # shared parameters are listed once
+        if tied or name != "embed_tokens.weight"
+    )
+
+
+def profile_batch_one(engine: RolloutEngine, prompt: list[int], max_new_tokens: int, top: int = 15) -> str:
+    """The ops a batch-1 rollout spends its time in, by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        engine.generate([prompt], sampling_params(max_new_tokens, seed=0))
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+
+
+def summarise(runs: list[Run], batch_sizes: list[int]) -> list[dict]:
+    rows = []
+    for b in batch_sizes:
+        rate = {}
+        for system in ("ours", "hf"):
+            mine = [r for r in runs if r.batch_size == b and r.system == system]
+            rate[system] = sum(r.tokens for r in mine) / sum(r.wall_s for r in mine)
+        rows.append({"batch_size": b, "ours_tok_s": rate["ours"], "hf_tok_s": rate["hf"],
+                     "ratio": rate["ours"] / rate["hf"]})
+    return rows
+
+
+def step_seconds(runs: list[Run], system: str) -> float:
+    """Wall time per emitted token at batch 1, i.e. per step (prefill amortised in)."""
+    mine = [r for r in runs if r.batch_size == 1 and r.system == system]
+    return sum(r.wall_s for r in mine) / sum(r.tokens for r in mine)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2, help="timed (ours, hf) pairs per batch size")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads for both systems (default: torch's choice)")
+    parser.add_argument("--gsm8k", type=Path, default=DEFAULT_GSM8K, help="GSM8K test jsonl (synthetic if absent)")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--profile", action="store_true", help="also profile one batch-1 rollout of ours")
+    args = parser.parse_args(argv)
+    for name in ("max_new_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if min(args.batch_sizes) < 1:
+        parser.error("--batch-sizes must all be >= 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    from transformers import AutoModelForCausalLM
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    model, tokenizer = load_causal_lm(MODEL, dtype="float32", device=device)
+    hf_model = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(MODEL), dtype=torch.float32).to(device).eval()
+    engine = RolloutEngine(model, tokenizer)
+    eos_ids = list(model.config.eos_token_ids)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    prompts, source = load_prompts(tokenizer, max(args.batch_sizes), args.gsm8k)
+
+    def one(system: str, batch: list[list[int]], max_new_tokens: int, seed: int):
+        if system == "ours":
+            return run_ours(engine, batch, max_new_tokens, seed, device)
+        return run_hf(hf_model, batch, max_new_tokens, seed, device, eos_ids, pad_id)
+
+    runs: list[Run] = []
+    schedule = [(b, r, s) for b in args.batch_sizes for r in range(-1, args.repeats) for s in ("ours", "hf")]
+    with tqdm(schedule, desc="engine vs hf", unit="run") as bar:
+        for b, repeat, system in bar:
+            warmup = repeat < 0
+            bar.set_postfix_str(f"batch {b} {system}{' warm-up' if warmup else f' #{repeat + 1}'}")
+            tokens, wall, steps = one(system, prompts[:b], WARMUP_TOKENS if warmup else args.max_new_tokens, max(repeat, 0))
+            if not warmup:
+                runs.append(Run(system, b, repeat, tokens, wall, steps))
+                if args.json:  # a long run that gets interrupted still leaves its measurements
+                    args.json.write_text(json.dumps({"complete": False, "runs": [run_record(r) for r in runs]}, indent=2))
+                bar.write(f"  batch {b:>3} {system:>4} #{repeat + 1}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tok/s")
+
+    table = summarise(runs, args.batch_sizes)
+    print(f"\nSmolLM2-135M-Instruct fp32 on {device} ({torch.get_num_threads()} threads), prompts: {source}, "
+          f"max_new_tokens {args.max_new_tokens}, {args.repeats} timed runs each")
+    print(f"{'batch':>5}  {'ours tok/s':>10}  {'hf tok/s':>10}  {'ours/hf':>7}")
+    for row in table:
+        print(f"{row['batch_size']:>5}  {row['ours_tok_s']:>10.1f}  {row['hf_tok_s']:>10.1f}  {row['ratio']:>7.2f}")
+
+    result = {
+        "model": MODEL, "device": str(device), "dtype": "float32", "threads": torch.get_num_threads(),
+        "prompts": source, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+        "results": table, "runs": [run_record(r) for r in runs], "complete": True,
+    }
+    if 1 in args.batch_sizes:
+        bandwidth = memory_bandwidth_gbs(device)
+        weight_bytes = weight_bytes_per_step(model)
+        floor_s = weight_bytes / (bandwidth * 1e9)
+        ours_s, hf_s = step_seconds(runs, "ours"), step_seconds(runs, "hf")
+        print(f"\nbatch-1 weight-read floor: {weight_bytes / 1e6:.0f} MB of parameters per step (tied embedding "
+              f"counted once, read by the LM head) at {bandwidth:.1f} GB/s copy bandwidth = {floor_s * 1e3:.1f} ms")
+        print(f"batch-1 step (wall / token): ours {ours_s * 1e3:.1f} ms = {floor_s / ours_s:.0%} of the floor's speed, "
+              f"hf {hf_s * 1e3:.1f} ms = {floor_s / hf_s:.0%}")
+        result["batch1_floor"] = {
+            "weight_bytes": weight_bytes, "bandwidth_gbs": bandwidth, "floor_ms": floor_s * 1e3,
+            "ours_step_ms": ours_s * 1e3, "hf_step_ms": hf_s * 1e3,
+            "ours_fraction_of_floor": floor_s / ours_s, "hf_fraction_of_floor": floor_s / hf_s,
+        }
+    if args.profile:
+        print("\nours, batch 1, top ops by self CPU time:")
+        print(profile_batch_one(engine, prompts[0], min(args.max_new_tokens, 32)))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
