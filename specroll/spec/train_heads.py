@@ -16,6 +16,9 @@
    exact on the top-K, a lower bound of the full KL, and 64 entries per position instead of
    the vocabulary. The head side still needs its full softmax (its normaliser and the NLL),
    so head logits are computed one head and one chunk of positions at a time, in float32.
+4. Evaluation on held-out prompts, per head: top-1 agreement with the target's argmax, top-k
+   agreement (target argmax among the head's k best) and the target mass covered by the
+   head's k best (mass outside the target's top-K counts as zero: a lower bound).
 """
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ class SampleConfig:
     positions: int = 200_000  # minimum number of response tokens to collect
     prompts_per_batch: int = 16  # prompts per generate call
     samples_per_prompt: int = 4  # responses per prompt (n)
-    max_new_tokens: int = 512  # response length cap
+    max_new_tokens: int = 384  # response length cap
     temperature: float = 1.0  # the policy's own sampling distribution
     seed: int = 0  # same seed, same prompt order and samples
 
@@ -103,29 +106,31 @@ def read_sample_batches(path: Path) -> list[list[SampledSequence]]:
     """Whole batches stored in `path`; a line cut short by a crash is dropped from the file."""
     if not path.exists():
         return []
-    batches, good = [], []
-    for line in path.read_text().splitlines():
+    lines = path.read_text().splitlines()
+    batches = []
+    for line in lines:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             break
-        good.append(line)
         batches.append([SampledSequence(tuple(s["ids"]), s["prompt_len"], s["prompt_index"])
                         for s in record["sequences"]])
-    if len(good) != len(path.read_text().splitlines()):
-        path.write_text("".join(line + "\n" for line in good))
+    if len(batches) != len(lines):
+        path.write_text("".join(line + "\n" for line in lines[: len(batches)]))
     return batches
 
 
 def batch_prompt_indices(batch: int, num_prompts: int, cfg: SampleConfig) -> list[int]:
     """Prompts of batch `batch`: a seeded shuffle of all prompts, reshuffled on every pass."""
     start = batch * cfg.prompts_per_batch
+    orders: dict[int, list[int]] = {}
     indices = []
     for pos in range(start, start + cfg.prompts_per_batch):
         epoch, offset = divmod(pos, num_prompts)
-        order = list(range(num_prompts))
-        random.Random(f"{cfg.seed}:{epoch}").shuffle(order)
-        indices.append(order[offset])
+        if epoch not in orders:
+            orders[epoch] = list(range(num_prompts))
+            random.Random(f"{cfg.seed}:{epoch}").shuffle(orders[epoch])
+        indices.append(orders[epoch][offset])
     return indices
 
 
@@ -178,6 +183,8 @@ def collect_samples(model, prompts: list[list[int]], cfg: SampleConfig, cache_di
 
 def split_heldout(sequences: list[SampledSequence], every: int) -> tuple[list[SampledSequence], list[SampledSequence]]:
     """(train, held-out): every `every`-th prompt is held out, with all of its samples."""
+    if every < 2:
+        raise ValueError(f"heldout every must be >= 2 (1 would hold out every prompt), got {every}")
     train = [s for s in sequences if s.prompt_index % every]
     heldout = [s for s in sequences if not s.prompt_index % every]
     return train, heldout
@@ -461,7 +468,7 @@ def train_heads(model, heads: HorizonHeads, sequences: list[SampledSequence], cf
     return {
         "train_positions": int(positions.numel()),
         "train_sequences": len(sequences),
-        "eval_positions": min(len(heldout), cfg.eval_positions) if heldout is not None else 0,
+        "eval_positions": evals[-1]["per_head"][0]["count"] if evals else 0,
         "steps": step,
         "loss_first": losses[0],
         "loss_last": losses[-1],
@@ -497,6 +504,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=HeadTrainConfig.lr)
     p.add_argument("--batch-positions", type=int, default=HeadTrainConfig.batch_positions)
     p.add_argument("--eval-every", type=int, default=HeadTrainConfig.eval_every)
+    p.add_argument("--eval-positions", type=int, default=HeadTrainConfig.eval_positions)
     p.add_argument("--heldout-every", type=int, default=20, help="every n-th prompt is held out for evaluation")
     p.add_argument("--max-new-tokens", type=int, default=SampleConfig.max_new_tokens)
     p.add_argument("--prompts-per-batch", type=int, default=SampleConfig.prompts_per_batch)
@@ -506,6 +514,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="policy dtype")
     p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default="float32", help="dtype of the saved heads")
     p.add_argument("--device", default="auto")
+    p.add_argument("--collect-only", action="store_true", help="only fill the samples cache, train nothing")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -527,9 +536,11 @@ def main(argv: list[str] | None = None) -> dict:
     sample_time = time.perf_counter() - t0
     print(f"{len(samples.sequences)} sequences from {samples.path} ({samples.new_batches} batches generated "
           f"in {sample_time:.0f}s)")
+    if args.collect_only:
+        return {"samples_cache": str(samples.path), "sequences": len(samples.sequences)}
     train_seqs, heldout = split_heldout(samples.sequences, args.heldout_every)
     cfg = HeadTrainConfig(epochs=args.epochs, lr=args.lr, batch_positions=args.batch_positions,
-                          eval_every=args.eval_every, seed=args.seed)
+                          eval_every=args.eval_every, eval_positions=args.eval_positions, seed=args.seed)
     heads = HorizonHeads.for_model(model, args.head_type, args.num_heads)
     metrics = train_heads(model, heads, train_seqs, cfg, heldout)
     out = Path(args.out)

@@ -1,0 +1,197 @@
+"""Head pretraining by self-distillation, on a tiny random policy with peaky distributions."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specroll.models import build_tiny_model
+from specroll.rollout import RolloutEngine, SamplingParams
+from specroll.spec import HorizonHeads, SpecConfig
+from specroll.spec.train_heads import (
+    HeadTrainConfig,
+    SampleConfig,
+    collect_samples,
+    compute_targets,
+    evaluate,
+    sparse_distribution,
+    sparse_kl_and_nll,
+    split_heldout,
+    train_heads,
+)
+
+SAMPLES = SampleConfig(positions=4000, prompts_per_batch=16, samples_per_prompt=4, max_new_tokens=48)
+# A hidden size of 32 needs head weights of order one: a larger step than SmolLM2's 1e-3.
+TRAIN = HeadTrainConfig(epochs=5, lr=3e-2, batch_positions=128, eval_every=1000)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    """A tiny random policy whose next token depends mostly on the current one, as in text.
+
+    In a plain random tiny model the attention and MLP outputs swamp the token embedding, so
+    its distributions are a chaotic function of the context and heads have nothing to learn.
+    Scaling those branches down keeps some context dependence but lets the current token
+    dominate. init_std=0.5 gives about 2 nats of entropy, near SmolLM2's 1.7 on GSM8K.
+    """
+    model = build_tiny_model(init_std=0.5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.mul_(0.01)
+    return model.requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(3, 9, (64,), generator=g).tolist()
+    return [torch.randint(2, 64, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def samples(policy, prompts, tmp_path_factory):
+    collection = collect_samples(policy, prompts, SAMPLES, tmp_path_factory.mktemp("samples"), progress=False)
+    return split_heldout(collection.sequences, every=8)
+
+
+@pytest.fixture(scope="module")
+def trained(policy, samples):
+    """{head_type: (untrained heads, trained heads, metrics)}"""
+    train, heldout = samples
+    out = {}
+    for head_type in ("medusa", "path"):
+        heads = HorizonHeads.for_model(policy, head_type, 4)
+        untrained = HorizonHeads.for_model(policy, head_type, 4)
+        metrics = train_heads(policy, heads, train, TRAIN, heldout, progress=False, log=lambda _: None)
+        out[head_type] = (untrained, heads, metrics)
+    return out
+
+
+def test_sparse_kl_matches_hand_worked_case():
+    # p = (0.5, 0.3, 0.2) kept as top-1 + tail (0.5); q = softmax(0, 0, 0) = 1/3 each.
+    logits = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.2)]])
+    top_logp, top_idx, tail_logp = sparse_distribution(logits, top_k=1)
+    assert top_idx.tolist() == [[0]]
+    assert torch.allclose(tail_logp.exp(), torch.tensor([0.5]))
+    kl, nll = sparse_kl_and_nll(torch.zeros(1, 3), top_logp, top_idx, tail_logp, torch.tensor([2]))
+    expected = 0.5 * math.log(0.5 / (1 / 3)) + 0.5 * math.log(0.5 / (2 / 3))
+    assert kl.item() == pytest.approx(expected, abs=1e-6)
+    assert nll.item() == pytest.approx(math.log(3), abs=1e-6)
+    # Identical distributions: zero KL; with the full support kept it is the exact KL.
+    kl, _ = sparse_kl_and_nll(logits, top_logp, top_idx, tail_logp, torch.tensor([0]))
+    assert kl.item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_targets_line_up_with_the_policy(policy, samples):
+    seq = samples[0][0]
+    targets = compute_targets(policy, [seq], top_k=8, progress=False)
+    assert len(targets) == seq.response_len
+    assert targets.next_token.tolist() == list(seq.ids[seq.prompt_len:])
+    assert targets.remaining.tolist() == list(range(seq.response_len - 1, -1, -1))
+    out = policy(torch.tensor([seq.ids]))
+    t = seq.prompt_len + 2  # entry 3 is position prompt_len + 2
+    assert torch.allclose(targets.hidden[3].float(), out.hidden[0, t], atol=2e-2, rtol=2e-2)
+    logp = torch.log_softmax(out.logits[0, t], -1)
+    assert targets.top_idx[3, 0].item() == int(logp.argmax())
+    assert torch.allclose(targets.top_logp[3], logp.topk(8).values, atol=1e-5)
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "path"])
+def test_training_lowers_loss_and_raises_agreement(trained, head_type):
+    _, _, metrics = trained[head_type]
+    before, after = metrics["eval"][0], metrics["eval"][-1]
+    assert metrics["eval_positions"] > 100
+    assert after["loss"] < 0.8 * before["loss"]
+    assert after["per_head"][0]["top1"] > before["per_head"][0]["top1"] + 0.1
+    assert after["per_head"][0]["mass4"] > before["per_head"][0]["mass4"]
+
+
+def test_path_heads_beat_medusa_heads_at_depth_two(trained):
+    """Head 2 of a path head sees x_{t+1} and x_{t+2}; a medusa head has to guess both."""
+    medusa = trained["medusa"][2]["eval"][-1]["per_head"][1]["top1"]
+    path = trained["path"][2]["eval"][-1]["per_head"][1]["top1"]
+    assert path > medusa
+
+
+def test_policy_stays_frozen(samples):
+    policy = build_tiny_model(init_std=0.3)  # parameters requiring grad, as loaded for GRPO
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    heads = HorizonHeads.for_model(policy, "path", 2)
+    train_heads(policy, heads, samples[0][:16], HeadTrainConfig(epochs=1, batch_positions=64), progress=False)
+    for k, v in policy.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(p.grad is None for p in policy.parameters())
+    assert any(p.abs().sum() > 0 for p in heads.parameters())
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "path"])
+def test_save_load_roundtrip(trained, policy, tmp_path, head_type):
+    _, heads, _ = trained[head_type]
+    path = tmp_path / "heads.safetensors"
+    heads.save(path)
+    loaded = HorizonHeads.load(path, policy)
+    hidden = torch.randn(5, policy.config.hidden_size)
+    emb = policy.embed_tokens(torch.randint(0, 64, (5, 4)))
+    expected = policy.lm_head(heads.all_states(hidden, emb if head_type == "path" else None))
+    got = policy.lm_head(loaded.all_states(hidden, emb if head_type == "path" else None))
+    assert torch.equal(got, expected)
+    assert loaded.head_type == head_type and loaded.num_heads == 4
+
+
+def test_bfloat16_save_halves_the_file(trained, policy, tmp_path):
+    _, heads, _ = trained["path"]
+    heads.save(tmp_path / "f32.safetensors")
+    heads.save(tmp_path / "bf16.safetensors", dtype=torch.bfloat16)
+    assert (tmp_path / "bf16.safetensors").stat().st_size < 0.6 * (tmp_path / "f32.safetensors").stat().st_size
+    loaded = HorizonHeads.load(tmp_path / "bf16.safetensors", policy)
+    for a, b in zip(loaded.parameters(), heads.parameters()):
+        assert a.dtype == torch.float32
+        assert torch.allclose(a, b, atol=1e-2, rtol=1e-2)
+
+
+def test_sample_cache_is_reused_and_extended(policy, prompts, tmp_path):
+    small = SampleConfig(positions=300, prompts_per_batch=4, samples_per_prompt=2, max_new_tokens=24)
+    first = collect_samples(policy, prompts, small, tmp_path, progress=False)
+    assert first.new_batches > 0 and first.path.parent == tmp_path
+    assert sum(s.response_len for s in first.sequences) >= 300
+    mtime = first.path.stat().st_mtime_ns
+    again = collect_samples(policy, prompts, small, tmp_path, progress=False)
+    assert again.new_batches == 0
+    assert again.sequences == first.sequences
+    assert first.path.stat().st_mtime_ns == mtime
+    larger = SampleConfig(**{**small.__dict__, "positions": 700})
+    more = collect_samples(policy, prompts, larger, tmp_path, progress=False)
+    assert more.path == first.path and 0 < more.new_batches
+    assert more.sequences[: len(first.sequences)] == first.sequences
+    # Grown in two steps or fresh in one: the same samples.
+    fresh = collect_samples(policy, prompts, larger, tmp_path / "fresh", progress=False)
+    assert fresh.sequences == more.sequences
+    # Another seed is another cache file.
+    other = collect_samples(policy, prompts, SampleConfig(**{**small.__dict__, "seed": 1}), tmp_path, progress=False)
+    assert other.path != first.path and other.new_batches > 0
+
+
+def test_cut_short_cache_line_is_dropped(policy, prompts, tmp_path):
+    cfg = SampleConfig(positions=200, prompts_per_batch=4, samples_per_prompt=2, max_new_tokens=24)
+    first = collect_samples(policy, prompts, cfg, tmp_path, progress=False)
+    with first.path.open("a") as f:
+        f.write('{"batch": 99, "sequences": [{"ids": [1, 2')
+    again = collect_samples(policy, prompts, cfg, tmp_path, progress=False)
+    assert again.sequences == first.sequences and again.new_batches == 0
+    assert first.path.read_text().endswith("}\n")
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "path"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_trained_heads_accept_more_tokens_per_step(trained, policy, prompts, head_type, temperature):
+    untrained, heads, _ = trained[head_type]
+    params = SamplingParams(temperature=temperature, max_new_tokens=48, n=2, seed=7)
+    held = [p for i, p in enumerate(prompts) if i % 8 == 0]  # prompts the heads never trained on
+    tokens_per_step = []
+    for h in (untrained, heads):
+        engine = RolloutEngine(policy, spec=SpecConfig(head_type=head_type, budget="fixed", fixed_nodes=8))
+        engine.decoder.set_heads(h)
+        tokens_per_step.append(engine.generate(held, params).stats["tokens_per_step_mean"])
+    assert tokens_per_step[1] > tokens_per_step[0] + 0.1, tokens_per_step
