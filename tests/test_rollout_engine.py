@@ -89,7 +89,6 @@ def test_stats_are_consistent(engine):
     assert all(a >= b for a, b in zip(active, active[1:]))
     # Step s (0-based) decodes the rows still running after s + 1 tokens.
     assert active == [sum(length > s + 1 for length in lengths) for s in range(len(active))]
-    assert active[0] < len(lengths) or min(lengths) > 1
     assert stats["wall_time_s"] > 0 and stats["tokens_per_s"] > 0
     assert [len(lp) for lp in out.logprobs] == lengths
     assert all(lp <= 0 for row in out.logprobs for lp in row)
