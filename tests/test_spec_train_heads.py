@@ -14,7 +14,7 @@ from specroll.spec.train_heads import (
     SampleConfig,
     collect_samples,
     compute_targets,
-    evaluate,
+    heldout_prompts,
     sparse_distribution,
     sparse_kl_and_nll,
     split_heldout,
@@ -51,9 +51,14 @@ def prompts():
 
 
 @pytest.fixture(scope="module")
-def samples(policy, prompts, tmp_path_factory):
+def heldout(prompts):
+    return heldout_prompts(len(prompts), SAMPLES.seed, every=8)
+
+
+@pytest.fixture(scope="module")
+def samples(policy, prompts, heldout, tmp_path_factory):
     collection = collect_samples(policy, prompts, SAMPLES, tmp_path_factory.mktemp("samples"), progress=False)
-    return split_heldout(collection.sequences, every=8)
+    return split_heldout(collection.sequences, heldout)
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +178,19 @@ def test_sample_cache_is_reused_and_extended(policy, prompts, tmp_path):
     assert other.path != first.path and other.new_batches > 0
 
 
+def test_heldout_prompts_are_spread_over_the_sampling_order(policy, prompts, tmp_path):
+    cfg = SampleConfig(positions=100, prompts_per_batch=4, samples_per_prompt=2, max_new_tokens=24)
+    held = heldout_prompts(len(prompts), cfg.seed, every=4)
+    assert len(held) == 16
+    collection = collect_samples(policy, prompts, cfg, tmp_path, progress=False)
+    train, heldout = split_heldout(collection.sequences, held)
+    # One prompt in four, from the first batch on, with all of its samples.
+    assert len(heldout) == len(collection.sequences) // 4 and heldout
+    assert not {s.prompt_index for s in train} & {s.prompt_index for s in heldout}
+    with pytest.raises(ValueError, match="every"):
+        heldout_prompts(len(prompts), cfg.seed, every=1)
+
+
 def test_cut_short_cache_line_is_dropped(policy, prompts, tmp_path):
     cfg = SampleConfig(positions=200, prompts_per_batch=4, samples_per_prompt=2, max_new_tokens=24)
     first = collect_samples(policy, prompts, cfg, tmp_path, progress=False)
@@ -185,13 +203,14 @@ def test_cut_short_cache_line_is_dropped(policy, prompts, tmp_path):
 
 @pytest.mark.parametrize("head_type", ["medusa", "path"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_trained_heads_accept_more_tokens_per_step(trained, policy, prompts, head_type, temperature):
+def test_trained_heads_accept_more_tokens_per_step(trained, policy, prompts, heldout, head_type, temperature):
     untrained, heads, _ = trained[head_type]
     params = SamplingParams(temperature=temperature, max_new_tokens=48, n=2, seed=7)
-    held = [p for i, p in enumerate(prompts) if i % 8 == 0]  # prompts the heads never trained on
+    held = [prompts[i] for i in sorted(heldout)]  # prompts the heads never trained on
     tokens_per_step = []
     for h in (untrained, heads):
-        engine = RolloutEngine(policy, spec=SpecConfig(head_type=head_type, budget="fixed", fixed_nodes=8))
+        spec = SpecConfig(head_type=head_type, heads_path=None, budget="fixed", fixed_nodes=8)
+        engine = RolloutEngine(policy, spec=spec)
         engine.decoder.set_heads(h)
         tokens_per_step.append(engine.generate(held, params).stats["tokens_per_step_mean"])
     assert tokens_per_step[1] > tokens_per_step[0] + 0.1, tokens_per_step

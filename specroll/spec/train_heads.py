@@ -120,16 +120,22 @@ def read_sample_batches(path: Path) -> list[list[SampledSequence]]:
     return batches
 
 
+def prompt_order(num_prompts: int, seed: int, epoch: int) -> list[int]:
+    """The seeded shuffle of all prompts used by pass `epoch` over them."""
+    order = list(range(num_prompts))
+    random.Random(f"{seed}:{epoch}").shuffle(order)
+    return order
+
+
 def batch_prompt_indices(batch: int, num_prompts: int, cfg: SampleConfig) -> list[int]:
-    """Prompts of batch `batch`: a seeded shuffle of all prompts, reshuffled on every pass."""
+    """Prompts of batch `batch`: consecutive slots of the shuffled prompts, reshuffled on every pass."""
     start = batch * cfg.prompts_per_batch
     orders: dict[int, list[int]] = {}
     indices = []
     for pos in range(start, start + cfg.prompts_per_batch):
         epoch, offset = divmod(pos, num_prompts)
         if epoch not in orders:
-            orders[epoch] = list(range(num_prompts))
-            random.Random(f"{cfg.seed}:{epoch}").shuffle(orders[epoch])
+            orders[epoch] = prompt_order(num_prompts, cfg.seed, epoch)
         indices.append(orders[epoch][offset])
     return indices
 
@@ -181,13 +187,21 @@ def collect_samples(model, prompts: list[list[int]], cfg: SampleConfig, cache_di
     return SampleCollection(used, path, new_batches)
 
 
-def split_heldout(sequences: list[SampledSequence], every: int) -> tuple[list[SampledSequence], list[SampledSequence]]:
-    """(train, held-out): every `every`-th prompt is held out, with all of its samples."""
+def heldout_prompts(num_prompts: int, seed: int, every: int) -> set[int]:
+    """Every `every`-th prompt of the first shuffled pass: held out from head training.
+
+    Taken along the order samples are drawn in, so even a small collection holds out about
+    1/every of its prompts; later passes keep the same prompts out.
+    """
     if every < 2:
         raise ValueError(f"heldout every must be >= 2 (1 would hold out every prompt), got {every}")
-    train = [s for s in sequences if s.prompt_index % every]
-    heldout = [s for s in sequences if not s.prompt_index % every]
-    return train, heldout
+    return set(prompt_order(num_prompts, seed, 0)[::every])
+
+
+def split_heldout(sequences: list[SampledSequence], heldout: set[int]) -> tuple[list[SampledSequence], list[SampledSequence]]:
+    """(train, held-out): sequences of the held-out prompts, with all of their samples, go apart."""
+    return ([s for s in sequences if s.prompt_index not in heldout],
+            [s for s in sequences if s.prompt_index in heldout])
 
 
 # -- distillation targets -------------------------------------------------------------------
@@ -510,7 +524,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts-per-batch", type=int, default=SampleConfig.prompts_per_batch)
     p.add_argument("--samples-per-prompt", type=int, default=SampleConfig.samples_per_prompt)
     p.add_argument("--out", required=True, help="heads file (.safetensors); the summary goes beside it (.json)")
-    p.add_argument("--samples-cache", default=None, help="folder of sample caches (default ~/.cache/specroll/head_samples)")
+    p.add_argument("--samples-cache", default=None,
+                   help="folder of sample caches (default ~/.cache/specroll/head_samples)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="policy dtype")
     p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default="float32", help="dtype of the saved heads")
     p.add_argument("--device", default="auto")
@@ -538,7 +553,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"in {sample_time:.0f}s)")
     if args.collect_only:
         return {"samples_cache": str(samples.path), "sequences": len(samples.sequences)}
-    train_seqs, heldout = split_heldout(samples.sequences, args.heldout_every)
+    train_seqs, heldout = split_heldout(samples.sequences, heldout_prompts(len(prompts), args.seed, args.heldout_every))
     cfg = HeadTrainConfig(epochs=args.epochs, lr=args.lr, batch_positions=args.batch_positions,
                           eval_every=args.eval_every, eval_positions=args.eval_positions, seed=args.seed)
     heads = HorizonHeads.for_model(model, args.head_type, args.num_heads)
