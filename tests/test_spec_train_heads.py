@@ -15,6 +15,7 @@ from specroll.spec.train_heads import (
     collect_samples,
     compute_targets,
     heldout_prompts,
+    initial_heads,
     sparse_distribution,
     sparse_kl_and_nll,
     split_heldout,
@@ -214,3 +215,24 @@ def test_trained_heads_accept_more_tokens_per_step(trained, policy, prompts, hel
         engine.decoder.set_heads(h)
         tokens_per_step.append(engine.generate(held, params).stats["tokens_per_step_mean"])
     assert tokens_per_step[1] > tokens_per_step[0] + 0.1, tokens_per_step
+
+
+def init_args(**given):
+    import argparse
+
+    return argparse.Namespace(**({"init_heads": None, "head_type": "path", "num_heads": 4} | given))
+
+
+def test_warm_start_takes_the_given_heads(trained, policy, tmp_path):
+    _, heads, _ = trained["path"]
+    heads.save(tmp_path / "heads.safetensors")
+    fresh = initial_heads(policy, init_args())
+    assert all(float(p.detach().abs().sum()) == 0 for name, p in fresh.named_parameters() if name.endswith("weight"))
+    warm = initial_heads(policy, init_args(init_heads=str(tmp_path / "heads.safetensors")))
+    for a, b in zip(warm.parameters(), heads.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="holds 4 path heads, but --head-type medusa"):
+        initial_heads(policy, init_args(init_heads=str(tmp_path / "heads.safetensors"), head_type="medusa"))
+    # An alias means that model's shipped heads: SmolLM2's, which this tiny policy refuses.
+    with pytest.raises(ValueError, match="were made for model .*smollm2-135m-instruct"):
+        initial_heads(policy, init_args(init_heads="smollm2-135m-instruct"))

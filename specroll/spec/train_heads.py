@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from ..models.loading import cache_root
 from ..rollout import RolloutEngine, SamplingParams
-from .heads import HEAD_TYPES, HorizonHeads
+from .heads import HEAD_TYPES, SHIPPED_HEADS, HorizonHeads, shipped_heads
 
 
 # -- samples --------------------------------------------------------------------------------
@@ -512,6 +512,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data-path", default=None, help="gsm8k jsonl file or folder")
     p.add_argument("--head-type", choices=HEAD_TYPES, default="path")
     p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--init-heads", default=None,
+                   help="start from these heads instead of fresh ones: a heads file, or a model alias whose shipped "
+                        "heads to take (e.g. smollm2-135m-instruct when training heads for its SFT'd policy)")
     p.add_argument("--positions", type=int, default=SampleConfig.positions,
                    help="minimum number of sampled response positions")
     p.add_argument("--epochs", type=int, default=HeadTrainConfig.epochs)
@@ -532,6 +535,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--collect-only", action="store_true", help="only fill the samples cache, train nothing")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
+
+
+def initial_heads(model, args: argparse.Namespace) -> HorizonHeads:
+    """Fresh heads, or a warm start from `--init-heads` (same type and count as asked)."""
+    if args.init_heads is None:
+        return HorizonHeads.for_model(model, args.head_type, args.num_heads)
+    path = shipped_heads(args.init_heads) if args.init_heads in SHIPPED_HEADS else Path(args.init_heads)
+    heads = HorizonHeads.load(path, model)
+    if (heads.head_type, heads.num_heads) != (args.head_type, args.num_heads):
+        raise ValueError(f"--init-heads {path} holds {heads.num_heads} {heads.head_type} heads, but --head-type "
+                         f"{args.head_type} --num-heads {args.num_heads} were asked for")
+    heads.base_model_name = model.config.name  # trained for this policy from here on
+    return heads
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -556,7 +572,7 @@ def main(argv: list[str] | None = None) -> dict:
     train_seqs, heldout = split_heldout(samples.sequences, heldout_prompts(len(prompts), args.seed, args.heldout_every))
     cfg = HeadTrainConfig(epochs=args.epochs, lr=args.lr, batch_positions=args.batch_positions,
                           eval_every=args.eval_every, eval_positions=args.eval_positions, seed=args.seed)
-    heads = HorizonHeads.for_model(model, args.head_type, args.num_heads)
+    heads = initial_heads(model, args)
     metrics = train_heads(model, heads, train_seqs, cfg, heldout)
     out = Path(args.out)
     heads.save(out, dtype=getattr(torch, args.save_dtype))
@@ -568,6 +584,7 @@ def main(argv: list[str] | None = None) -> dict:
         "head_type": args.head_type,
         "num_heads": args.num_heads,
         "heads_version": heads.version,
+        "init_heads": args.init_heads,
         "sample_config": asdict(sample_cfg),
         "samples_cache": str(samples.path),
         "sample_positions": sum(s.response_len for s in samples.sequences),

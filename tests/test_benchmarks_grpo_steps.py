@@ -1,0 +1,45 @@
+"""The GRPO-steps benchmark: its statistics by hand, and a tiny end-to-end run of both modes."""
+import json
+import math
+
+import pytest
+
+from specroll.benchmarks.grpo_steps import main, summarize, two_proportion_p
+from specroll.telemetry import metric_names as m
+
+
+def test_two_proportion_p_matches_a_hand_worked_case():
+    # 30/100 vs 50/100: pooled 0.4, se = sqrt(0.24 * 0.02) = 0.069282, z = -2.8868.
+    assert two_proportion_p(30, 100, 50, 100) == pytest.approx(math.erfc(2.8868 / math.sqrt(2)), rel=1e-3)
+    assert two_proportion_p(30, 100, 30, 100) == pytest.approx(1.0)
+    assert two_proportion_p(0, 10, 0, 10) == 1.0  # no spread: nothing to tell apart
+
+
+def step(gen, total, reward, accuracy, n=8):
+    return {m.TIME_GEN: gen, m.STEP_TIME_S: total, m.REWARD_MEAN: reward, m.ACCURACY: accuracy, m.NUM_SEQUENCES: n}
+
+
+def test_summary_leaves_warmup_steps_out_of_the_ratios():
+    results = {"vanilla": [step(100, 200, 0.5, 0.5), step(6, 10, 0.25, 0.25), step(6, 10, 0.5, 0.5)],
+               "specroll": [step(1, 2, 0.5, 0.5), step(3, 7, 0.5, 0.5), step(3, 7, 0.25, 0.25)]}
+    s = summarize(results, warmup=1)
+    assert s["gen_ratio"] == pytest.approx(12 / 6) and s["step_ratio"] == pytest.approx(20 / 14)
+    assert s["vanilla_gen_share"] == pytest.approx(12 / 20) and s["specroll_gen_share"] == pytest.approx(6 / 14)
+    assert s["vanilla_correct"] == pytest.approx(10) and s["vanilla_responses"] == 24
+    assert s["specroll_reward_mean"] == pytest.approx(10 / 24)
+    assert 0.0 <= s["reward_welch_p"] <= 1.0 and s["accuracy_p"] == pytest.approx(1.0)
+
+
+def test_both_modes_train_side_by_side(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    out = tmp_path / "bench.json"
+    summary = main(["--policy", "tiny-llama", "--heads", "null", "--dataset", "synthetic", "--steps", "2",
+                    "--prompts", "2", "--n", "2", "--max-new-tokens", "8", "--run-root", str(tmp_path / "runs"),
+                    "--json", str(out), "experiment=smoke", "logger.console=false"])
+    steps = json.loads(out.read_text())["steps"]
+    assert [len(steps["vanilla"]), len(steps["specroll"])] == [2, 2]
+    assert all(s[m.VERIFY_STEPS] > 0 for s in steps["specroll"])
+    assert all(m.VERIFY_STEPS not in s for s in steps["vanilla"])
+    assert steps["vanilla"][1][m.POLICY_VERSION] == steps["specroll"][1][m.POLICY_VERSION] == 2
+    assert summary["vanilla_responses"] == summary["specroll_responses"] == 2 * 2 * 2
+    assert summary["gen_ratio"] > 0 and summary["step_ratio"] > 0
