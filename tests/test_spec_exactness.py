@@ -7,6 +7,7 @@ acceptance rule must fail the same test (negative control), so the test has powe
 """
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pytest
@@ -16,7 +17,7 @@ from scipy.stats import chisquare
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens, sampling_logprobs
 from specroll.spec import HorizonHeads, SpecConfig
-from specroll.spec.train_heads import HeadTrainConfig, SampleConfig, collect_samples, train_heads
+from specroll.spec.train_heads import HeadTrainConfig, SampleConfig, collect_samples, frequent_tokens, train_heads
 from specroll.spec.verify import Verdict
 
 VOCAB, EOS, NEW_TOKENS, SAMPLES = 8, 1, 3, 20_000
@@ -119,7 +120,11 @@ def heads(model, tmp_path_factory):
                                                             max_new_tokens=8), tmp_path_factory.mktemp("s"), progress=False)
     train_heads(model, trained, samples.sequences, HeadTrainConfig(epochs=3, lr=3e-3, batch_positions=256),
                 progress=False, log=lambda _: None)
-    return {"path-random": random_heads["path"], "medusa-random": random_heads["medusa"], "path-trained": trained}
+    # The same heads drafting among the 5 most frequent of the 8 tokens only.
+    narrow = copy.deepcopy(trained)
+    narrow.set_draft_vocab(frequent_tokens(samples.sequences, 5))
+    return {"path-random": random_heads["path"], "medusa-random": random_heads["medusa"], "path-trained": trained,
+            "path-trained-vocab5": narrow}
 
 
 def spec_samples(model, heads, params, nodes=4, seed=0, verify=None):
@@ -139,13 +144,14 @@ SETTINGS = {
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
-@pytest.mark.parametrize("drafter", ["path-random", "medusa-random", "path-trained"])
+@pytest.mark.parametrize("drafter", ["path-random", "medusa-random", "path-trained", "path-trained-vocab5"])
 def test_speculative_samples_follow_the_policy(model, heads, setting, drafter):
     params = SETTINGS[setting]
     probs = exact_distribution(model, SamplingParams(**params))
-    out = spec_samples(model, heads[drafter], params, nodes=8 if drafter == "path-trained" else 4)
+    trained = drafter.startswith("path-trained")
+    out = spec_samples(model, heads[drafter], params, nodes=8 if trained else 4)
     hist = out.stats["tokens_per_step_hist"]
-    if drafter == "path-trained":
+    if trained:
         # Trained heads reach depth 2 and beyond often: long acceptances are exercised.
         assert sum(v for k, v in hist.items() if k >= 3) > 0.2 * sum(hist.values()), hist
     else:

@@ -1,6 +1,7 @@
 """Head pretraining by self-distillation, on a tiny random policy with peaky distributions."""
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -14,6 +15,9 @@ from specroll.spec.train_heads import (
     SampleConfig,
     collect_samples,
     compute_targets,
+    evaluate_heads,
+    SampledSequence,
+    frequent_tokens,
     heldout_prompts,
     initial_heads,
     sparse_distribution,
@@ -236,3 +240,38 @@ def test_warm_start_takes_the_given_heads(trained, policy, tmp_path):
     # An alias means that model's shipped heads: SmolLM2's, which this tiny policy refuses.
     with pytest.raises(ValueError, match="were made for model .*smollm2-135m-instruct"):
         initial_heads(policy, init_args(init_heads="smollm2-135m-instruct"))
+
+
+def test_frequent_tokens_are_the_most_common_response_tokens():
+    seqs = [SampledSequence((9, 9, 4, 4, 4, 7), 2, 0), SampledSequence((9, 5, 7, 7), 1, 1)]
+    # response tokens: 4 4 4 7 | 5 7 7  ->  7 x3, 4 x3, 5 x1 (the prompts' 9s do not count)
+    assert frequent_tokens(seqs, 2).tolist() == [4, 7]
+    assert frequent_tokens(seqs, 10).tolist() == [4, 5, 7]
+
+
+def test_draft_vocabulary_survives_save_load_and_state_dict_updates(trained, policy, tmp_path):
+    _, heads, _ = trained["path"]
+    narrow = copy.deepcopy(heads)
+    narrow.set_draft_vocab(torch.tensor([3, 1, 60]))
+    narrow.save(tmp_path / "heads.safetensors", dtype=torch.bfloat16)
+    loaded = HorizonHeads.load(tmp_path / "heads.safetensors", policy)
+    assert loaded.draft_vocab.tolist() == [3, 1, 60] and loaded.draft_vocab.dtype == torch.long
+    # A rollout actor applies published heads with load_state_dict: vocabularies of any size or none.
+    loaded.load_state_dict(heads.state_dict())
+    assert loaded.draft_vocab is None
+    loaded.load_state_dict(narrow.state_dict())
+    assert loaded.draft_vocab.tolist() == [3, 1, 60]
+
+
+def test_evaluation_alone_matches_training_step_zero_and_sees_the_draft_vocabulary(trained, policy, samples):
+    untrained, heads, metrics = trained["path"]
+    _, heldout = samples
+    cfg = HeadTrainConfig(eval_positions=TRAIN.eval_positions)
+    alone = evaluate_heads(policy, untrained, heldout, cfg, progress=False, log=lambda _: None)
+    assert alone["eval"][0]["loss"] == pytest.approx(metrics["eval"][0]["loss"], rel=1e-5)
+    full = evaluate_heads(policy, heads, heldout, cfg, progress=False, log=lambda _: None)["eval"][0]
+    narrow = copy.deepcopy(heads)
+    narrow.set_draft_vocab(torch.arange(0, 64, 2))  # odd tokens can no longer be guessed
+    cut = evaluate_heads(policy, narrow, heldout, cfg, progress=False, log=lambda _: None)["eval"][0]
+    assert cut["per_head"][0]["top1"] < full["per_head"][0]["top1"]
+    assert cut["per_head"][0]["kl"] == pytest.approx(full["per_head"][0]["kl"])  # the heads themselves are unchanged

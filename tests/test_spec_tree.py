@@ -133,6 +133,25 @@ def test_greedy_speculative_equals_greedy_plain_with_mixed_prompt_lengths(model_
     torch.testing.assert_close(torch.tensor(sum(spec.logprobs, [])), torch.tensor(sum(plain.logprobs, [])), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("head_type", ["path", "medusa"])
+def test_a_draft_vocabulary_limits_drafts_and_keeps_greedy_output(model, head_type):
+    heads = random_heads(model, head_type)
+    vocab = torch.arange(0, model.config.vocab_size, 3)  # a third of the tokens
+    heads.set_draft_vocab(vocab)
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    _, hidden, roots = prefix_state(model, prompts)
+    cands = draft_candidates(heads, model, hidden, roots, max_drafts=9, log_calibration=torch.zeros(3))
+    assert torch.isin(cands.tokens, vocab).all()
+    full = random_heads(model, head_type)
+    assert not torch.isin(draft_candidates(full, model, hidden, roots, 9, torch.zeros(3)).tokens, vocab).all()
+
+    params = SamplingParams(temperature=0, max_new_tokens=40, n=2)
+    plain = RolloutEngine(model).generate(prompts, params)
+    engine = RolloutEngine(model, spec=SpecConfig(head_type=head_type, heads_path=None, budget="fixed", fixed_nodes=6))
+    engine.decoder.set_heads(heads)
+    assert engine.generate(prompts, params).token_ids == plain.token_ids
+
+
 def test_seeded_speculative_sampling_is_deterministic(model):
     engine = RolloutEngine(model, spec=SpecConfig(budget="fixed", fixed_nodes=5))
     params = SamplingParams(max_new_tokens=24, n=3, seed=11)

@@ -198,6 +198,13 @@ def heldout_prompts(num_prompts: int, seed: int, every: int) -> set[int]:
     return set(prompt_order(num_prompts, seed, 0)[::every])
 
 
+def frequent_tokens(sequences: list[SampledSequence], size: int) -> torch.Tensor:
+    """The `size` most frequent response tokens of `sequences` (fewer if fewer occur), by id."""
+    counts = torch.bincount(torch.tensor([t for s in sequences for t in s.ids[s.prompt_len:]], dtype=torch.long))
+    seen = int((counts > 0).sum())
+    return counts.topk(min(size, seen)).indices.sort().values
+
+
 def split_heldout(sequences: list[SampledSequence], heldout: set[int]) -> tuple[list[SampledSequence], list[SampledSequence]]:
     """(train, held-out): sequences of the held-out prompts, with all of their samples, go apart."""
     return ([s for s in sequences if s.prompt_index not in heldout],
@@ -393,7 +400,11 @@ def evaluate(heads: HorizonHeads, lm_head: torch.Tensor, embed: torch.Tensor, ta
             top_logp, top_idx, tail_logp, token = batch.head(j)
             z = F.linear(states[v, j], lm_head)
             kl, nll = sparse_kl_and_nll(z, top_logp, top_idx, tail_logp, token)
-            guess = z.topk(kmax, dim=-1).indices  # [m, kmax]
+            # Guesses as drafting makes them: from the draft vocabulary only, if the heads have one.
+            vocab = heads.draft_vocab
+            guess = (z if vocab is None else z[:, vocab]).topk(kmax, dim=-1).indices  # [m, kmax]
+            if vocab is not None:
+                guess = vocab[guess]
             hit = guess == top_idx[:, :1]  # target argmax among the head's guesses
             # Target mass on the head's top-k: tokens outside the target's top-K count as 0.
             covered = ((guess[:, :, None] == top_idx[:, None, :]) * top_logp.exp()[:, None, :]).sum(-1)
@@ -418,6 +429,22 @@ def format_eval(result: dict, ks: tuple[int, ...]) -> str:
         lines.append(f"{j + 1:>4}  " + "  ".join(f"{h[c]:6.3f}" for c in cols) + f"  {h['count']:>9}")
     lines.append(f"loss {result['loss']:.4f}")
     return "\n".join(lines)
+
+
+def evaluate_heads(model, heads: HorizonHeads, eval_sequences: list[SampledSequence], cfg: HeadTrainConfig,
+                   progress: bool = True, log=print) -> dict:
+    """The held-out evaluation of `train_heads` without any training (e.g. after setting a draft vocabulary)."""
+    started = time.perf_counter()
+    dtype = next(heads.parameters()).dtype
+    targets = compute_targets(model, eval_sequences, cfg.target_top_k, cfg.policy_batch_tokens, cfg.chunk_positions,
+                              progress)
+    result = evaluate(heads.float(), model.lm_head.weight.detach().float(), model.embed_tokens.weight.detach().float(),
+                      targets, cfg)
+    heads.to(dtype)
+    result["step"] = 0
+    log(f"held-out eval:\n{format_eval(result, cfg.eval_ks)}")
+    return {"eval_positions": result["per_head"][0]["count"], "steps": 0, "eval": [result],
+            "wall_time_s": time.perf_counter() - started}
 
 
 def train_heads(model, heads: HorizonHeads, sequences: list[SampledSequence], cfg: HeadTrainConfig,
@@ -515,9 +542,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--init-heads", default=None,
                    help="start from these heads instead of fresh ones: a heads file, or a model alias whose shipped "
                         "heads to take (e.g. smollm2-135m-instruct when training heads for its SFT'd policy)")
+    p.add_argument("--draft-vocab", type=int, default=8192,
+                   help="heads draft among this many of the samples' most frequent tokens; 0 = the whole vocabulary")
     p.add_argument("--positions", type=int, default=SampleConfig.positions,
                    help="minimum number of sampled response positions")
-    p.add_argument("--epochs", type=int, default=HeadTrainConfig.epochs)
+    p.add_argument("--epochs", type=int, default=HeadTrainConfig.epochs,
+                   help="0: no training, only the held-out evaluation of the given heads (see --init-heads)")
     p.add_argument("--lr", type=float, default=HeadTrainConfig.lr)
     p.add_argument("--batch-positions", type=int, default=HeadTrainConfig.batch_positions)
     p.add_argument("--eval-every", type=int, default=HeadTrainConfig.eval_every)
@@ -537,11 +567,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def init_heads_path(init_heads: str) -> Path:
+    """`--init-heads`: a model alias means that model's shipped heads, anything else a file."""
+    return shipped_heads(init_heads) if init_heads in SHIPPED_HEADS else Path(init_heads)
+
+
 def initial_heads(model, args: argparse.Namespace) -> HorizonHeads:
     """Fresh heads, or a warm start from `--init-heads` (same type and count as asked)."""
     if args.init_heads is None:
         return HorizonHeads.for_model(model, args.head_type, args.num_heads)
-    path = shipped_heads(args.init_heads) if args.init_heads in SHIPPED_HEADS else Path(args.init_heads)
+    path = init_heads_path(args.init_heads)
     heads = HorizonHeads.load(path, model)
     if (heads.head_type, heads.num_heads) != (args.head_type, args.num_heads):
         raise ValueError(f"--init-heads {path} holds {heads.num_heads} {heads.head_type} heads, but --head-type "
@@ -570,11 +605,25 @@ def main(argv: list[str] | None = None) -> dict:
     if args.collect_only:
         return {"samples_cache": str(samples.path), "sequences": len(samples.sequences)}
     train_seqs, heldout = split_heldout(samples.sequences, heldout_prompts(len(prompts), args.seed, args.heldout_every))
-    cfg = HeadTrainConfig(epochs=args.epochs, lr=args.lr, batch_positions=args.batch_positions,
-                          eval_every=args.eval_every, eval_positions=args.eval_positions, seed=args.seed)
+    if args.draft_vocab < 0:
+        raise ValueError(f"--draft-vocab must be >= 0, got {args.draft_vocab}")
+    if args.epochs < 0:
+        raise ValueError(f"--epochs must be >= 0, got {args.epochs}")
     heads = initial_heads(model, args)
-    metrics = train_heads(model, heads, train_seqs, cfg, heldout)
+    heads.set_draft_vocab(frequent_tokens(train_seqs, args.draft_vocab) if args.draft_vocab else None)
+    if args.epochs == 0:  # evaluate only: e.g. existing heads given a draft vocabulary
+        cfg = None
+        metrics = evaluate_heads(model, heads, heldout, HeadTrainConfig(eval_positions=args.eval_positions))
+    else:
+        cfg = HeadTrainConfig(epochs=args.epochs, lr=args.lr, batch_positions=args.batch_positions,
+                              eval_every=args.eval_every, eval_positions=args.eval_positions, seed=args.seed)
+        metrics = train_heads(model, heads, train_seqs, cfg, heldout)
     out = Path(args.out)
+    init_summary = None
+    if args.init_heads is not None:  # keep how the starting heads were made
+        init_path = init_heads_path(args.init_heads)
+        if init_path.with_suffix(".json").is_file():
+            init_summary = json.loads(init_path.with_suffix(".json").read_text())
     heads.save(out, dtype=getattr(torch, args.save_dtype))
     summary = {
         "command": " ".join(["python -m specroll.spec.train_heads"] + (sys.argv[1:] if argv is None else argv)),
@@ -584,15 +633,17 @@ def main(argv: list[str] | None = None) -> dict:
         "head_type": args.head_type,
         "num_heads": args.num_heads,
         "heads_version": heads.version,
-        "init_heads": args.init_heads,
+        "draft_vocab": 0 if heads.draft_vocab is None else int(heads.draft_vocab.numel()),
         "sample_config": asdict(sample_cfg),
         "samples_cache": str(samples.path),
         "sample_positions": sum(s.response_len for s in samples.sequences),
         "sample_time_s": sample_time,
         "heldout_sequences": len(heldout),
-        "train_config": asdict(cfg),
+        "train_config": None if cfg is None else asdict(cfg),
         **{k: v for k, v in metrics.items() if k != "train_loss"},
-        "train_loss_every_10": metrics["train_loss"][::10],
+        "train_loss_every_10": metrics.get("train_loss", [])[::10],
+        "init_heads": args.init_heads,
+        "init_summary": init_summary,
     }
     summary_path = out.with_suffix(".json")
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
