@@ -35,10 +35,10 @@ def test_both_modes_train_side_by_side(tmp_path, monkeypatch):
     out = tmp_path / "bench.json"
     summary = main(["--policy", "tiny-llama", "--heads", "null", "--dataset", "synthetic", "--steps", "2",
                     "--prompts", "2", "--n", "2", "--max-new-tokens", "8", "--run-root", str(tmp_path / "runs"),
-                    "--json", str(out), "experiment=smoke", "logger.console=false"])
+                    "--json", str(out), "experiment=smoke", "logger.console=false", "rollout.spec.fixed_nodes=3"])
     steps = json.loads(out.read_text())["steps"]
     assert [len(steps["vanilla"]), len(steps["specroll"])] == [2, 2]
-    assert all(s[m.VERIFY_STEPS] > 0 for s in steps["specroll"])
+    assert all(s[m.VERIFY_STEPS] > 0 and s[m.NODE_BUDGET_MEAN] == 3 for s in steps["specroll"])  # spec-only override
     assert all(m.VERIFY_STEPS not in s for s in steps["vanilla"])
     assert steps["vanilla"][1][m.POLICY_VERSION] == steps["specroll"][1][m.POLICY_VERSION] == 2
     assert summary["vanilla_responses"] == summary["specroll_responses"] == 2 * 2 * 2

@@ -12,7 +12,8 @@ should be large; the two runs use different random draws, so the curves are not 
     python -m specroll.benchmarks.grpo_steps --policy ~/.cache/specroll/sft/gsm8k800 \
         --heads <heads file for that policy> --steps 4 [hydra overrides ...]
 
-Extra arguments are Hydra overrides applied to both runs (e.g. `rollout.max_new_tokens=128`).
+Extra arguments are Hydra overrides applied to both runs (e.g. `rollout.max_new_tokens=128`),
+except `rollout.spec.*` ones, which only the speculative run has (e.g. `rollout.spec.budget=cost_model`).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from .engine_vs_hf import DEFAULT_GSM8K
 GSM8K_TRAIN = DEFAULT_GSM8K.with_name("train.jsonl")  # GRPO trains on train prompts
 
 MODES = ("vanilla", "specroll")
+SPEC_PREFIX = "rollout.spec."  # overrides of the speculative settings apply to the specroll run only
 COLUMNS = (("gen_s", m.TIME_GEN), ("step_s", m.STEP_TIME_S), ("reward", m.REWARD_MEAN),
            ("accuracy", m.ACCURACY), ("resp_len", m.RESPONSE_LENGTH_MEAN), ("tok/verify", m.TOKENS_PER_STEP))
 
@@ -52,6 +54,8 @@ def run_mode(mode: str, args, overrides: list[str]) -> list[dict]:
         settings.append(f"data.path={args.data_path}")
     if mode == "specroll":
         settings.append(f"rollout.spec.heads_path={args.heads}")
+    if mode != "specroll":  # vanilla rollouts have no spec section to override
+        overrides = [o for o in overrides if not o.startswith(SPEC_PREFIX)]
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
         cfg = load_train_config(compose("config", overrides=settings + overrides))
     steps: list[dict] = []
