@@ -12,7 +12,7 @@ A_k and b_k start at zero, so an untrained head drafts the policy's next-token d
 
 Draft vocabulary: heads may carry the ids of the tokens they draft among (the policy's most
 frequent output tokens, found by head pretraining). Each drafting LM-head product then reads
-only those rows: on SmolLM2 8192 of 49152, a sixth of the cost. Exactness does not depend on
+only those rows (on SmolLM2 at most 8192 of 49152 rows). Exactness does not depend on
 it: drafts are only proposals that verification accepts or rejects.
 """
 from __future__ import annotations
