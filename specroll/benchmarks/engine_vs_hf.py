@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data import SyntheticConfig, format_prompt, generate_synthetic, load_gsm8k
-from ..models import load_causal_lm, resolve_checkpoint, resolve_device
+from ..models import load_causal_lm, resolve_checkpoint, resolve_device, synchronize
 from ..rollout import RolloutEngine, SamplingParams
 
 MODEL = "smollm2-135m-instruct"
@@ -46,11 +46,6 @@ class Run:
 
 def run_record(run: Run) -> dict:
     return asdict(run) | {"tokens_per_s": run.tokens_per_s}
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def load_prompts(tokenizer, count: int, gsm8k_path: Path) -> tuple[list[list[int]], str]:

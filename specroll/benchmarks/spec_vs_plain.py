@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..models import load_causal_lm
+from ..models import load_causal_lm, synchronize
 from ..rollout import RolloutEngine, SamplingParams, sampling_logprobs
 from ..spec import SpecConfig
-from .engine_vs_hf import DEFAULT_GSM8K, load_prompts, synchronize
+from .engine_vs_hf import DEFAULT_GSM8K, load_prompts
 
 ORACLE_TOP = 64  # sibling candidates considered per position
 

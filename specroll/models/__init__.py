@@ -3,7 +3,7 @@ from .config import ModelConfig
 from .hf_weights import from_hf_state_dict, to_hf_state_dict
 from .kv_cache import KVCache
 from .llama import CausalLM, ModelOutput
-from .loading import load_causal_lm, resolve_checkpoint, resolve_device, resolve_dtype
+from .loading import load_causal_lm, resolve_checkpoint, resolve_device, resolve_dtype, synchronize
 from .tiny import build_tiny_model, tiny_config
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "resolve_checkpoint",
     "resolve_device",
     "resolve_dtype",
+    "synchronize",
     "tiny_config",
     "to_hf_state_dict",
 ]

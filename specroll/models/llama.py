@@ -15,6 +15,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .kv_cache import KVCache
+from .prepacked_linear import PrepackedLinear
 
 
 class ModelOutput(NamedTuple):
@@ -65,8 +66,8 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split = (q_size, kv_size, kv_size)
-        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = PrepackedLinear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.o_proj = PrepackedLinear(q_size, cfg.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, cache: KVCache | None, slots, mask) -> torch.Tensor:
         batch, num_new, _ = x.shape
@@ -89,8 +90,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = PrepackedLinear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = PrepackedLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -117,10 +118,17 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = PrepackedLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inverse_frequencies(cfg), persistent=False)
+
+    def use_prepacked_linears(self, enabled: bool = True) -> "CausalLM":
+        """Inference on CPU multiplies by prepacked weights (see `prepacked_linear`)."""
+        for module in self.modules():
+            if isinstance(module, PrepackedLinear):
+                module.prepacked = enabled
+        return self
 
     def _apply(self, fn, recurse=True):
         # Rope frequencies stay float32 when the weights go to bf16 (as in transformers):

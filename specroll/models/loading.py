@@ -50,6 +50,12 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so wall-clock timings measure it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def alias_path(alias: str) -> Path:
     package, file_name = ALIASES[alias]
     spec = importlib.util.find_spec(package)

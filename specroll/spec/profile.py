@@ -16,11 +16,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
-from ..models import KVCache
+from ..models import KVCache, synchronize
 from ..models.loading import cache_root
 
-QUICK_GRID = {"batch_sizes": [1, 4, 16], "nodes": [1, 4, 16]}
+# Part of the cache key: bump it when the forward's kernels change what a profile measures
+# (2: prepacked CPU linears).
+PROFILE_VERSION = 2
+
+QUICK_GRID = {"batch_sizes": [1, 4, 16], "nodes": [1, 2, 4, 8, 16]}
 FULL_GRID = {"batch_sizes": [1, 2, 4, 8, 16, 32, 64], "nodes": [1, 2, 4, 8, 16, 32]}
 
 
@@ -51,7 +56,7 @@ class HardwareProfile:
     @staticmethod
     def cache_path(model: str, device: str, dtype: str, cache_len: int) -> Path:
         safe = model.replace("/", "_")
-        return cache_root() / "profiles" / f"{safe}-{device}-{dtype}-L{cache_len}.json"
+        return cache_root() / "profiles" / f"{safe}-{device}-{dtype}-L{cache_len}-v{PROFILE_VERSION}.json"
 
     def save(self) -> Path:
         path = self.cache_path(self.model, self.device, self.dtype, self.cache_len)
@@ -66,36 +71,41 @@ class HardwareProfile:
 
 
 @torch.inference_mode()
-def measure_profile(model, cache_len: int = 256, batch_sizes=None, nodes=None, repeats: int = 3,
+def measure_profile(model, cache_len: int = 256, batch_sizes=None, nodes=None, repeats: int = 5,
                     show_progress: bool = False) -> HardwareProfile:
+    """Median verify latency per (batch, nodes) cell over `repeats` rounds of the whole grid.
+
+    Rounds sweep every cell in turn, so a burst of load from elsewhere on a shared machine
+    lands on all cells alike instead of skewing the few it happens to hit.
+    """
     batch_sizes = batch_sizes or QUICK_GRID["batch_sizes"]
     nodes = nodes or QUICK_GRID["nodes"]
+    model.use_prepacked_linears()  # measure the forward the rollout engine runs
     p = next(model.parameters())
     cfg = model.config
-    table = []
-    total = len(batch_sizes) * len(nodes)
-    for bi, batch in enumerate(batch_sizes):
-        row = []
-        cache = KVCache.for_model(model, batch, cache_len + max(nodes))
-        cache.lengths[:] = cache_len
-        for ni, n in enumerate(nodes):
+    caches = {}
+    for batch in batch_sizes:
+        caches[batch] = KVCache.for_model(model, batch, cache_len + max(nodes))
+        caches[batch].lengths[:] = cache_len
+    cells = [(bi, ni) for bi in range(len(batch_sizes)) for ni in range(len(nodes))]
+    times = {cell: [] for cell in cells}
+    rounds = range(repeats + 1)  # round 0 warms up and is dropped
+    progress = tqdm(total=len(rounds) * len(cells), desc="profile", unit="pass", disable=not show_progress)
+    for round_index in rounds:
+        for bi, ni in cells:
+            batch, n = batch_sizes[bi], nodes[ni]
             ids = torch.randint(0, cfg.vocab_size, (batch, n), device=p.device)
             # A chain is the worst case for nothing and the same cost as any tree of n nodes.
             mask = torch.ones(n, n, dtype=torch.bool, device=p.device).tril().expand(batch, n, n)
-            times = []
-            for _ in range(repeats + 1):
-                if p.device.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                model(ids, cache=cache, new_token_mask=mask)
-                if p.device.type == "cuda":
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - t0)
-            row.append(float(np.median(times[1:])))
-            if show_progress:
-                print(f"  profile {bi * len(nodes) + ni + 1}/{total}: batch {batch:3d} x {n:3d} nodes "
-                      f"{row[-1] * 1e3:8.1f} ms", flush=True)
-        table.append(row)
+            synchronize(p.device)
+            t0 = time.perf_counter()
+            model(ids, cache=caches[batch], new_token_mask=mask)
+            synchronize(p.device)
+            if round_index > 0:
+                times[(bi, ni)].append(time.perf_counter() - t0)
+            progress.update()
+    progress.close()
+    table = [[float(np.median(times[(bi, ni)])) for ni in range(len(nodes))] for bi in range(len(batch_sizes))]
     prof = HardwareProfile(cfg.name or "unnamed", p.device.type, str(p.dtype).removeprefix("torch."),
                            cache_len, list(batch_sizes), list(nodes), table)
     prof.capacity = prof.derive_capacity()
@@ -123,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--cache-len", type=int, default=256)
-    ap.add_argument("--quick", action="store_true", help="3x3 grid instead of the full one")
+    ap.add_argument("--quick", action="store_true", help="the 3 x 5 grid the engine measures on first use")
     args = ap.parse_args(argv)
     model, _ = load_causal_lm(args.model, dtype=args.dtype, device=args.device)
     grid = QUICK_GRID if args.quick else FULL_GRID

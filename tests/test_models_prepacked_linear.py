@@ -1,0 +1,62 @@
+"""The prepacked CPU linear: same products as `F.linear`, never stale, off where it must be."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specroll.models import CausalLM, tiny_config
+from specroll.models.prepacked_linear import PrepackedLinear
+
+
+def packed_layer(bias: bool = True, seed: int = 0) -> PrepackedLinear:
+    torch.manual_seed(seed)
+    layer = PrepackedLinear(24, 40, bias=bias)
+    layer.prepacked = True
+    return layer
+
+
+def test_matches_f_linear_for_any_row_count_and_layout():
+    layer = packed_layer()
+    with torch.no_grad():
+        for shape in [(1, 24), (3, 24), (2, 7, 24), (64, 24)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        x = torch.randn(5, 3, 24).transpose(0, 1)  # not contiguous
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert layer._packed is not None  # the packed path really ran
+
+
+def test_repacks_after_in_place_update_and_new_storage():
+    layer = packed_layer(bias=False)
+    x = torch.randn(4, 24)
+    with torch.no_grad():
+        layer(x)
+        layer.load_state_dict({"weight": torch.randn(40, 24)})  # weight sync copies in place
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+        layer.weight = torch.nn.Parameter(torch.randn(40, 24))
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_flow_through_the_plain_path():
+    layer = packed_layer()
+    x = torch.randn(3, 24, requires_grad=True)
+    layer(x).sum().backward()
+    assert layer.weight.grad is not None and x.grad is not None
+
+
+def test_unpackable_dtype_falls_back_to_f_linear():
+    layer = packed_layer().to(torch.bfloat16)  # packing bf16 needs CPU support some machines lack
+    x = torch.randn(2, 24, dtype=torch.bfloat16)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_model_logits_unchanged_by_prepacking():
+    torch.manual_seed(0)
+    model = CausalLM(tiny_config("qwen2")).eval()  # qwen2: q/k/v carry a bias
+    ids = torch.randint(0, model.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        plain = model(ids).logits
+        packed = model.use_prepacked_linears()(ids).logits
+    torch.testing.assert_close(packed, plain, rtol=1e-4, atol=1e-5)
+    assert all(m.prepacked for m in model.modules() if isinstance(m, PrepackedLinear))

@@ -1,0 +1,55 @@
+"""Hardware profile: C_hw from a latency table, interpolation, measurement and its cache."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specroll.models import build_tiny_model
+from specroll.models.prepacked_linear import PrepackedLinear
+from specroll.spec.budget import cost_model_budget
+from specroll.spec.profile import HardwareProfile, get_profile, measure_profile
+
+
+def table_profile(latency_ms: list[list[float]]) -> HardwareProfile:
+    prof = HardwareProfile("m", "cpu", "float32", 256, [1, 4, 16], [1, 2, 4, 8],
+                           [[t / 1e3 for t in row] for row in latency_ms])
+    prof.capacity = prof.derive_capacity()
+    return prof
+
+
+def test_capacity_is_the_largest_total_within_slack_of_one_token():
+    # base 100 ms, slack 1.25 -> cells <= 125 ms fit: (1, 8) = 8 nodes, (4, 2) = 8, (16, 1) = 16.
+    prof = table_profile([[100, 104, 110, 124],
+                          [110, 120, 140, 200],
+                          [125, 160, 250, 400]])
+    assert prof.capacity == 16
+    prof = table_profile([[100, 130, 150, 200], [140, 160, 200, 300], [200, 300, 400, 600]])
+    assert prof.capacity == 1  # nothing but one token fits: the concurrency budget is plain decoding
+
+
+def test_latency_interpolates_between_grid_points():
+    prof = table_profile([[100, 110, 120, 140], [120, 140, 160, 200], [200, 300, 400, 600]])
+    assert prof.latency(1, 3) == pytest.approx(0.115)
+    assert prof.latency(10, 1) == pytest.approx(0.160)  # halfway from batch 4 (120) to 16 (200)
+
+
+def test_cost_model_prefers_more_nodes_only_when_they_pay():
+    prof = table_profile([[100, 110, 120, 140], [120, 140, 160, 200], [200, 300, 400, 600]])
+    # Expected tokens for N = 1..8 of one row: each extra node adds less.
+    gains = torch.tensor([[1.0, 1.3, 1.5, 1.6, 1.65, 1.7, 1.72, 1.74]])
+    assert cost_model_budget(gains, prof, 1, 1, 8) == 4  # 1.6/0.12 beats 1.5/0.115 and 1.74/0.14
+    flat = torch.ones(1, 8)
+    assert cost_model_budget(flat, prof, 1, 1, 8) == 1  # drafts that never hit: plain decoding
+
+
+def test_measure_profile_times_every_cell_and_the_cache_round_trips(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
+    model = build_tiny_model(seed=0)
+    model.config.name = "tiny-profiled"
+    prof = measure_profile(model, cache_len=32, batch_sizes=[1, 2], nodes=[1, 3], repeats=2)
+    assert len(prof.latency_s) == 2 and all(len(row) == 2 and min(row) > 0 for row in prof.latency_s)
+    assert prof.capacity >= 1
+    assert all(m.prepacked for m in model.modules() if isinstance(m, PrepackedLinear))  # as the engine runs it
+    prof.save()
+    loaded = get_profile(model, cache_len=32)  # cached: no new measurement
+    assert loaded == prof
