@@ -1,11 +1,14 @@
 """The prepacked CPU linear: same products as `F.linear`, never stale, off where it must be."""
 from __future__ import annotations
 
+import copy
+import pickle
+
 import torch
 import torch.nn.functional as F
 
 from specroll.models import CausalLM, tiny_config
-from specroll.models.prepacked_linear import PrepackedLinear
+from specroll.models.prepacked_linear import PackedWeight, PrepackedLinear, packed_linear
 
 
 def packed_layer(bias: bool = True, seed: int = 0) -> PrepackedLinear:
@@ -23,7 +26,7 @@ def test_matches_f_linear_for_any_row_count_and_layout():
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
         x = torch.randn(5, 3, 24).transpose(0, 1)  # not contiguous
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    assert layer._packed is not None  # the packed path really ran
+    assert layer._packed.packed is not None  # the packed path really ran
 
 
 def test_repacks_after_in_place_update_and_new_storage():
@@ -60,3 +63,23 @@ def test_model_logits_unchanged_by_prepacking():
         packed = model.use_prepacked_linears()(ids).logits
     torch.testing.assert_close(packed, plain, rtol=1e-4, atol=1e-5)
     assert all(m.prepacked for m in model.modules() if isinstance(m, PrepackedLinear))
+
+
+def test_packed_weight_never_mistakes_a_new_tensor_for_the_packed_one():
+    cache = PackedWeight()
+    first = torch.randn(40, 24)
+    cache.get((first,), lambda: first)
+    del first  # its address may be reused by the next allocation, with the same version 0
+    second = torch.randn(40, 24)
+    x = torch.randn(3, 24)
+    torch.testing.assert_close(packed_linear(x, cache.get((second,), lambda: second)), F.linear(x, second),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_used_packed_layer_can_be_deep_copied_and_pickled():
+    layer = packed_layer()
+    x = torch.randn(3, 24)
+    with torch.no_grad():
+        expected = layer(x)
+        for copy_ in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+            torch.testing.assert_close(copy_(x), expected)

@@ -152,6 +152,29 @@ def test_a_draft_vocabulary_limits_drafts_and_keeps_greedy_output(model, head_ty
     assert engine.generate(prompts, params).token_ids == plain.token_ids
 
 
+@pytest.mark.parametrize("head_type", ["path", "medusa"])
+def test_prepacked_drafting_equals_plain_and_follows_head_policy_and_vocab_updates(head_type):
+    model = build_tiny_model(init_std=0.3, seed=1)
+    _, hidden, roots = prefix_state(model, [[5, 6, 7, 8], [9, 10, 11]])
+
+    def both(heads):
+        plain = draft_candidates(heads.use_prepacked_linears(False), model, hidden, roots, 9, torch.zeros(3))
+        packed = draft_candidates(heads.use_prepacked_linears(True), model, hidden, roots, 9, torch.zeros(3))
+        assert torch.equal(packed.tokens, plain.tokens) and torch.equal(packed.parents, plain.parents)
+        torch.testing.assert_close(packed.scores, plain.scores, rtol=1e-4, atol=1e-5)
+
+    heads = random_heads(model, head_type)
+    heads.set_draft_vocab(torch.arange(0, model.config.vocab_size, 2))
+    both(heads)
+    heads.load_state_dict(random_heads(model, head_type, seed=7).state_dict())  # a published head version
+    both(heads)
+    heads.set_draft_vocab(torch.arange(1, model.config.vocab_size, 3))
+    both(heads)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)  # the policy moved: drafting reads its LM head, never a stale copy
+    both(heads)
+
+
 def test_seeded_speculative_sampling_is_deterministic(model):
     engine = RolloutEngine(model, spec=SpecConfig(budget="fixed", fixed_nodes=5))
     params = SamplingParams(max_new_tokens=24, n=3, seed=11)

@@ -15,7 +15,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .kv_cache import KVCache
-from .prepacked_linear import PrepackedLinear
+from .prepacked_linear import PrepackedLinear, set_prepacked
 
 
 class ModelOutput(NamedTuple):
@@ -125,9 +125,7 @@ class CausalLM(nn.Module):
 
     def use_prepacked_linears(self, enabled: bool = True) -> "CausalLM":
         """Inference on CPU multiplies by prepacked weights (see `prepacked_linear`)."""
-        for module in self.modules():
-            if isinstance(module, PrepackedLinear):
-                module.prepacked = enabled
+        set_prepacked(self, enabled)
         return self
 
     def _apply(self, fn, recurse=True):

@@ -56,7 +56,7 @@ class SpecDecoder:
 
     def set_heads(self, heads: HorizonHeads) -> None:
         """Use `heads` from the next step on (call between generate calls) and recalibrate."""
-        self.heads = heads.eval()
+        self.heads = heads.eval().use_prepacked_linears()
         device = next(self.model.parameters()).device
         # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
         self.observed = torch.ones(heads.num_heads, device=device)

@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..models.prepacked_linear import PackedWeight, PrepackedLinear, packed_linear, set_prepacked, uses_packed_weight
+
 HEAD_TYPES = ("medusa", "path")
 FORMAT_VERSION = 2  # 2: optional draft vocabulary
 
@@ -56,7 +58,7 @@ class HorizonHeads(nn.Module):
             raise ValueError(f"num_heads must be >= 1, got {num_heads}")
         self.head_type, self.num_heads, self.hidden_size = head_type, num_heads, hidden_size
         in_features = hidden_size if head_type == "medusa" else 2 * hidden_size
-        self.blocks = nn.ModuleList(nn.Linear(in_features, hidden_size) for _ in range(num_heads))
+        self.blocks = nn.ModuleList(PrepackedLinear(in_features, hidden_size) for _ in range(num_heads))
         for block in self.blocks:
             nn.init.zeros_(block.weight)
             nn.init.zeros_(block.bias)
@@ -64,6 +66,14 @@ class HorizonHeads(nn.Module):
         self.version = 0
         self.base_model_name = ""
         self.base_model = ""
+        self.prepacked = False
+        self._packed_draft_lm_head = PackedWeight()
+
+    def use_prepacked_linears(self, enabled: bool = True) -> "HorizonHeads":
+        """CPU drafting multiplies by prepacked weights (see `models.prepacked_linear`)."""
+        self.prepacked = enabled
+        set_prepacked(self, enabled)
+        return self
 
     def set_draft_vocab(self, token_ids: torch.Tensor | None) -> None:
         """Draft among `token_ids` only (None: the whole vocabulary)."""
@@ -76,6 +86,19 @@ class HorizonHeads(nn.Module):
         if self.draft_vocab is None:
             return lm_head_weight
         return lm_head_weight.index_select(0, self.draft_vocab)
+
+    def draft_logits(self, states: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary. Prepacked on CPU: a packed copy of the rows,
+        rebuilt whenever the policy's LM head (or the draft vocabulary) changes."""
+        if self.prepacked and uses_packed_weight(states):
+            sources = (lm_head_weight,) if self.draft_vocab is None else (lm_head_weight, self.draft_vocab)
+            packed = self._packed_draft_lm_head.get(sources, lambda: self.draft_lm_head(lm_head_weight))
+            if packed is not None:
+                return packed_linear(states, packed)
+        return F.linear(states, self.draft_lm_head(lm_head_weight))
+
+    def draft_vocab_size(self, lm_head_weight: torch.Tensor) -> int:
+        return lm_head_weight.shape[0] if self.draft_vocab is None else self.draft_vocab.numel()
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """As nn.Module's, but the draft vocabulary (present or not, any size) is taken as given."""

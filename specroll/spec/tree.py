@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 # Ranks a child strictly below its parent even when its own step has probability one.
 _DEPTH_TIEBREAK = 1e-4
@@ -74,8 +73,8 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
     frontier_ids = torch.full((batch, 1), -1, dtype=torch.long, device=hidden.device)
     tokens, parents, depths, scores, head_probs = [], [], [], [], []
     next_id = 0
-    draft_weight = heads.draft_lm_head(model.lm_head.weight)  # gathered per call: the policy may have moved
-    width = min(width, draft_weight.shape[0])
+    lm_head = model.lm_head.weight  # shared with the policy, never copied: drafts follow its updates
+    width = min(width, heads.draft_vocab_size(lm_head))
     for d in range(heads.num_heads):
         if heads.head_type == "medusa":
             # A medusa head ignores the path: one distribution per row serves the whole depth.
@@ -83,7 +82,7 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
         else:
             emb = model.embed_tokens(frontier_tokens)
             states = heads.step(d, state, hidden[:, None].expand_as(emb), emb)
-        logp = torch.log_softmax(F.linear(states, draft_weight).float(), dim=-1)
+        logp = torch.log_softmax(heads.draft_logits(states, lm_head).float(), dim=-1)
         top_lp, top_tok = logp.topk(width, dim=-1)  # [B, F or 1, W]
         if heads.draft_vocab is not None:
             top_tok = heads.draft_vocab[top_tok]
