@@ -15,14 +15,17 @@ def test_two_proportion_p_matches_a_hand_worked_case():
     assert two_proportion_p(0, 10, 0, 10) == 1.0  # no spread: nothing to tell apart
 
 
-def step(gen, total, reward, accuracy, n=8):
-    return {m.TIME_GEN: gen, m.STEP_TIME_S: total, m.REWARD_MEAN: reward, m.ACCURACY: accuracy, m.NUM_SEQUENCES: n}
+def step(gen, total, reward, accuracy, n=8, length=10.0):
+    return {m.TIME_GEN: gen, m.STEP_TIME_S: total, m.REWARD_MEAN: reward, m.ACCURACY: accuracy, m.NUM_SEQUENCES: n,
+            m.RESPONSE_LENGTH_MEAN: length}
 
 
 def test_summary_leaves_warmup_steps_out_of_the_ratios():
     results = {"vanilla": [step(100, 200, 0.5, 0.5), step(6, 10, 0.25, 0.25), step(6, 10, 0.5, 0.5)],
-               "specroll": [step(1, 2, 0.5, 0.5), step(3, 7, 0.5, 0.5), step(3, 7, 0.25, 0.25)]}
+               "specroll": [step(1, 2, 0.5, 0.5), step(3, 7, 0.5, 0.5, length=20), step(3, 7, 0.25, 0.25)]}
     s = summarize(results, warmup=1)
+    # tokens/s: vanilla (80 + 80) / 12, specroll (160 + 80) / 6 -> 3x, although generation time is only 2x
+    assert s["gen_tokens_per_s_ratio"] == pytest.approx((240 / 6) / (160 / 12))
     assert s["gen_ratio"] == pytest.approx(12 / 6) and s["step_ratio"] == pytest.approx(20 / 14)
     assert s["vanilla_gen_share"] == pytest.approx(12 / 20) and s["specroll_gen_share"] == pytest.approx(6 / 14)
     assert s["vanilla_correct"] == pytest.approx(10) and s["vanilla_responses"] == 24

@@ -4,7 +4,7 @@ Two short training runs of the real driver (`specroll.train.run_training`: Ray a
 DeepSpeed learner) that differ only in `rollout.mode`: same policy, prompts, seeds and
 every other setting. Per step it prints generation and step seconds; at the end the
 generation-time and end-to-end step-time ratios (vanilla / specroll, warm-up steps left
-out), the share of a step that generation takes, and whether the rewards of the two runs
+out), the generated-tokens-per-second ratio (steadier: response lengths differ), the share of a step that generation takes, and whether the rewards of the two runs
 are distinguishable: a two-proportion z-test on correct answers pooled over steps and a
 Welch t-test on per-step mean rewards. Speculative sampling is exact, so the p-values
 should be large; the two runs use different random draws, so the curves are not equal.
@@ -90,6 +90,12 @@ def summarize(results: dict[str, list[dict]], warmup: int) -> dict:
         "gen_ratio": total("vanilla", m.TIME_GEN) / max(total("specroll", m.TIME_GEN), 1e-9),
         "step_ratio": total("vanilla", m.STEP_TIME_S) / max(total("specroll", m.STEP_TIME_S), 1e-9),
     }
+    # Per generated token: the two runs sample different responses, and with few steps their
+    # lengths alone move the time ratios.
+    for mode in MODES:
+        tokens = sum(s[m.RESPONSE_LENGTH_MEAN] * s[m.NUM_SEQUENCES] for s in results[mode][warmup:])
+        summary[f"{mode}_gen_tokens_per_s"] = tokens / max(total(mode, m.TIME_GEN), 1e-9)
+    summary["gen_tokens_per_s_ratio"] = summary["specroll_gen_tokens_per_s"] / max(summary["vanilla_gen_tokens_per_s"], 1e-9)
     for mode in MODES:
         summary[f"{mode}_gen_share"] = total(mode, m.TIME_GEN) / max(total(mode, m.STEP_TIME_S), 1e-9)
         summary[f"{mode}_responses"] = sum(s[m.NUM_SEQUENCES] for s in results[mode])
@@ -137,6 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nsteps {args.warmup_steps}..{args.steps - 1} (first {args.warmup_steps} left out as warm-up):")
     print(f"  generation time ratio (vanilla / specroll): {summary['gen_ratio']:.2f}x")
     print(f"  step time ratio (vanilla / specroll):       {summary['step_ratio']:.2f}x")
+    print(f"  generated tokens/s ratio (specroll / vanilla): {summary['gen_tokens_per_s_ratio']:.2f}x "
+          f"({summary['specroll_gen_tokens_per_s']:.1f} vs {summary['vanilla_gen_tokens_per_s']:.1f} tok/s)")
     print(f"  generation share of a step: vanilla {summary['vanilla_gen_share']:.0%}, "
           f"specroll {summary['specroll_gen_share']:.0%}")
     print(f"rewards over all steps: vanilla {summary['vanilla_reward_mean']:.3f} "

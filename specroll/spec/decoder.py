@@ -125,7 +125,10 @@ class SpecDecoder:
         verdict = self.verify(logprobs, tree, uniforms, state.params.greedy, self.heads.num_heads)
         t2 = time.perf_counter()
 
-        state.cache.commit_gather(verdict.path[:, : int(verdict.counts.max())], verdict.counts)
+        if budget > 1:
+            state.cache.commit_gather(verdict.path[:, : int(verdict.counts.max())], verdict.counts)
+        else:
+            state.cache.commit(verdict.counts)  # a root-only step is a plain step: nothing to compact
         last = torch.gather(verdict.path, 1, (verdict.counts - 1)[:, None])
         state.last_hidden = torch.gather(out.hidden, 1, last[..., None].expand(-1, -1, out.hidden.shape[-1]))[:, 0]
         if budget > 1:
