@@ -6,7 +6,7 @@ import torch
 
 from specroll.models import build_tiny_model
 from specroll.models.prepacked_linear import PrepackedLinear
-from specroll.spec.budget import cost_model_budget
+from specroll.spec.budget import cost_model_budget, speculation_may_pay
 from specroll.spec.profile import HardwareProfile, get_profile, measure_profile
 
 
@@ -31,6 +31,10 @@ def test_latency_interpolates_between_grid_points():
     prof = table_profile([[100, 110, 120, 140], [120, 140, 160, 200], [200, 300, 400, 600]])
     assert prof.latency(1, 3) == pytest.approx(0.115)
     assert prof.latency(10, 1) == pytest.approx(0.160)  # halfway from batch 4 (120) to 16 (200)
+    # Past batch 16: batch 32 x 2 nodes costs what batch 16 x 4 nodes does (same tokens) ...
+    assert prof.latency(32, 2) == pytest.approx(0.400)
+    # ... and past 8 nodes the last segment (400 -> 600 ms over 4 nodes) continues: 16 x 16 = 1000 ms.
+    assert prof.latency(32, 8) == pytest.approx(1.000)
 
 
 def test_cost_model_prefers_more_nodes_only_when_they_pay():
@@ -53,3 +57,17 @@ def test_measure_profile_times_every_cell_and_the_cache_round_trips(tmp_path, mo
     prof.save()
     loaded = get_profile(model, cache_len=32)  # cached: no new measurement
     assert loaded == prof
+
+
+def test_drafting_time_counts_against_speculation():
+    prof = table_profile([[100, 110, 120, 140], [120, 140, 160, 200], [200, 300, 400, 600]])
+    gains = torch.tensor([[1.0, 1.3, 1.5, 1.6, 1.65, 1.7, 1.72, 1.74]])
+    assert cost_model_budget(gains, prof, 1, 1, 8, draft_s=0.0) == 4
+    assert cost_model_budget(gains, prof, 1, 1, 8, draft_s=0.060) == 1  # 1.6 / 0.18 < 1 / 0.1
+    # Batch 16: 2 nodes cost 1.5x one step, so a perfect draft (2 tokens) would pay ...
+    assert speculation_may_pay(prof, 16, 8, max_depth=4, draft_s=0.0)
+    assert not speculation_may_pay(prof, 16, 8, max_depth=4, draft_s=0.8)  # ... but not after 800 ms of drafting
+    # Where every node costs more than a whole plain step, nothing can pay: no drafting at all.
+    steep = table_profile([[100, 110, 120, 140], [120, 140, 160, 200], [200, 450, 900, 1800]])
+    assert not speculation_may_pay(steep, 16, 8, max_depth=4, draft_s=0.0)
+    assert speculation_may_pay(steep, 1, 8, max_depth=4, draft_s=0.0)

@@ -207,3 +207,23 @@ def test_concurrency_budget_follows_active_rows(model):
     out = engine.generate([[3, 4, 5]], SamplingParams(max_new_tokens=20, n=12, seed=1))
     for budget, active in zip(out.stats["budget_per_step"], out.stats["active_rows_per_step"]):
         assert budget == max(1, min(8, 24 // active))
+
+
+def test_cost_model_budget_speculates_where_it_pays_and_stays_exact_in_greedy(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))  # the engine measures and caches a profile
+    heads = random_heads(model, "path")
+    engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="cost_model", max_nodes=8))
+    engine.decoder.set_heads(heads)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    params = SamplingParams(temperature=0, max_new_tokens=30, n=2)
+    out = engine.generate(prompts, params)
+    assert out.token_ids == RolloutEngine(model).generate(prompts, params).token_ids
+    assert all(1 <= b <= 8 for b in out.stats["budget_per_step"])
+    assert engine.decoder.draft_s > 0  # drafting was timed for the cost model
+
+    # A profile where every extra node costs a whole step: drafting never pays, so it never runs.
+    prof = engine.decoder.profile
+    prof.latency_s = [[row[0] * n for n in prof.nodes] for row in prof.latency_s]
+    engine.decoder.draft_s = 0.0
+    out = engine.generate(prompts, params)
+    assert set(out.stats["budget_per_step"]) == {1} and engine.decoder.draft_s == 0.0

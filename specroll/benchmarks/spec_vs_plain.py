@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{'setting':>16} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'tok/step':>8} {'oracle':>7}  budget trace")
     for row in rows:
         trace = row["budget_trace"]
-        summary = f"{trace[0]}..{trace[-1]} (mean {sum(trace) / len(trace):.1f})" if trace else "-"
+        summary = f"{min(trace)}..{max(trace)} (mean {sum(trace) / len(trace):.1f})" if trace else "-"
         print(f"{row['setting']:>16} {row['plain_tokens_per_s']:11.1f} {row['spec_tokens_per_s']:10.1f} "
               f"{row['speedup']:6.2f} {row['tokens_per_step']:8.2f} {row['oracle_tokens_per_step']:7.2f}  {summary}")
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": spec_engine.decoder.capacity, "rows": rows}

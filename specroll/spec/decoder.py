@@ -13,7 +13,7 @@ import torch
 
 from ..rollout.engine import DecodeState, StepResult
 from ..rollout.sampling import sampling_logprobs
-from .budget import concurrency_budget, cost_model_budget
+from .budget import concurrency_budget, cost_model_budget, speculation_may_pay
 from .config import SpecConfig
 from .heads import HorizonHeads, shipped_heads
 from .profile import get_profile
@@ -52,6 +52,7 @@ class SpecDecoder:
         if cfg.budget == "cost_model" or (cfg.budget == "concurrency" and cfg.capacity is None):
             self.profile = get_profile(model, cfg.profile_cache_len)
         self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
+        self.draft_s = 0.0  # EMA of one drafting call's seconds, for the cost model
         self.reset_stats()
 
     def set_heads(self, heads: HorizonHeads) -> None:
@@ -94,7 +95,7 @@ class SpecDecoder:
         if cfg.budget == "concurrency":
             return concurrency_budget(self.capacity, active_rows, cfg.min_nodes, cfg.max_nodes)
         return cost_model_budget(cands.expected_tokens(cfg.max_nodes), self.profile, active_rows,
-                                 cfg.min_nodes, cfg.max_nodes)
+                                 cfg.min_nodes, cfg.max_nodes, self.draft_s)
 
     def draft(self, state: DecodeState):
         return draft_candidates(self.heads, self.model, state.last_hidden, state.last_tokens,
@@ -107,9 +108,14 @@ class SpecDecoder:
         batch = state.last_tokens.shape[0]
         roots = state.last_tokens
         if self.cfg.budget == "cost_model":
-            # The cost model needs the candidates' acceptance estimates to pick N_t.
-            cands = self.draft(state)
-            budget = self.node_budget(batch, cands)
+            # The cost model needs the candidates' acceptance estimates to pick N_t; drafting
+            # is skipped where even perfect drafts could not pay for it.
+            cands, budget = None, self.cfg.min_nodes
+            if self.cfg.min_nodes > 1 or speculation_may_pay(self.profile, batch, self.cfg.max_nodes,
+                                                             self.heads.num_heads, self.draft_s):
+                cands = self.draft(state)
+                self.note_draft_time(time.perf_counter() - t0)
+                budget = self.node_budget(batch, cands)
         else:
             budget = self.node_budget(batch, None)
             cands = self.draft(state) if budget > 1 else None
@@ -138,6 +144,10 @@ class SpecDecoder:
         self.stats["time_verify_s"] += t2 - t1
         self.stats["time_bookkeeping_s"] += time.perf_counter() - t2
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
+
+    def note_draft_time(self, seconds: float) -> None:
+        m = self.cfg.calibration_momentum
+        self.draft_s = m * self.draft_s + (1 - m) * seconds if self.draft_s else seconds
 
     def update_calibration(self, verdict) -> None:
         """Per depth: EMA of accepted rate vs the head mass drafted under the reached node."""
