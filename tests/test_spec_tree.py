@@ -225,5 +225,22 @@ def test_cost_model_budget_speculates_where_it_pays_and_stays_exact_in_greedy(mo
     prof = engine.decoder.profile
     prof.latency_s = [[row[0] * n for n in prof.nodes] for row in prof.latency_s]
     engine.decoder.draft_s = 0.0
+    engine.decoder.set_heads(heads)
     out = engine.generate(prompts, params)
     assert set(out.stats["budget_per_step"]) == {1} and engine.decoder.draft_s == 0.0
+
+
+def test_cost_model_drafts_only_where_the_last_estimates_say_it_pays(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
+    decoder = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="cost_model", max_nodes=8)).decoder
+    prof = decoder.profile
+    prof.batch_sizes, prof.nodes = [1, 16], [1, 2, 4, 8]
+    prof.latency_s = [[0.100, 0.105, 0.110, 0.120], [0.200, 0.300, 0.400, 0.600]]
+    assert decoder.drafting_may_pay(1)  # nothing drafted yet: draft to find out
+    decoder.expected_per_row = torch.ones(8)  # the last drafts were never accepted
+    assert not decoder.drafting_may_pay(1)
+    decoder.steps_since_draft = 16
+    assert decoder.drafting_may_pay(1)  # periodic probe
+    decoder.steps_since_draft = 0
+    decoder.expected_per_row = torch.tensor([1.0, 1.4, 1.6, 1.7, 1.75, 1.8, 1.85, 1.9])
+    assert decoder.drafting_may_pay(1) and not decoder.drafting_may_pay(16)  # pays alone, not at batch 16

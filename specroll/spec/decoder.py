@@ -41,6 +41,11 @@ def initial_heads(model, cfg: SpecConfig) -> HorizonHeads:
     return HorizonHeads.for_model(model, cfg.head_type, cfg.num_heads)
 
 
+# With the cost model, a step that skips drafting (it would not pay) still drafts this often,
+# to notice when acceptance estimates or the batch make speculation worth it again.
+DRAFT_PROBE_EVERY = 16
+
+
 class SpecDecoder:
     def __init__(self, model, cfg: SpecConfig, heads: HorizonHeads | None = None) -> None:
         self.model, self.cfg = model, cfg
@@ -52,7 +57,7 @@ class SpecDecoder:
         if cfg.budget == "cost_model" or (cfg.budget == "concurrency" and cfg.capacity is None):
             self.profile = get_profile(model, cfg.profile_cache_len)
         self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
-        self.draft_s = 0.0  # EMA of one drafting call's seconds, for the cost model
+        self.draft_s = 0.0  # cost model: EMA of one drafting call's seconds
         self.reset_stats()
 
     def set_heads(self, heads: HorizonHeads) -> None:
@@ -62,6 +67,9 @@ class SpecDecoder:
         # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
         self.observed = torch.ones(heads.num_heads, device=device)
         self.predicted = torch.ones(heads.num_heads, device=device)
+        # Cost model: mean expected tokens per row for N = 1..max_nodes at the last drafted step.
+        self.expected_per_row: torch.Tensor | None = None
+        self.steps_since_draft = 0
 
     def reset_stats(self) -> None:
         self.stats = {"tokens_per_step": Counter(), "budget_per_step": [], "accepted_by_depth": [0] * self.heads.num_heads,
@@ -111,11 +119,14 @@ class SpecDecoder:
             # The cost model needs the candidates' acceptance estimates to pick N_t; drafting
             # is skipped where even perfect drafts could not pay for it.
             cands, budget = None, self.cfg.min_nodes
-            if self.cfg.min_nodes > 1 or speculation_may_pay(self.profile, batch, self.cfg.max_nodes,
-                                                             self.heads.num_heads, self.draft_s):
+            if self.cfg.min_nodes > 1 or self.drafting_may_pay(batch):
                 cands = self.draft(state)
                 self.note_draft_time(time.perf_counter() - t0)
                 budget = self.node_budget(batch, cands)
+                self.expected_per_row = cands.expected_tokens(self.cfg.max_nodes).mean(dim=0)
+                self.steps_since_draft = 0
+            else:
+                self.steps_since_draft += 1
         else:
             budget = self.node_budget(batch, None)
             cands = self.draft(state) if budget > 1 else None
@@ -144,6 +155,18 @@ class SpecDecoder:
         self.stats["time_verify_s"] += t2 - t1
         self.stats["time_bookkeeping_s"] += time.perf_counter() - t2
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
+
+    def drafting_may_pay(self, batch: int) -> bool:
+        """Cost model: draft only where the last drafted step's per-row acceptance estimates
+        say some N > 1 beats plain decoding at this batch size (re-checked by drafting every
+        `DRAFT_PROBE_EVERY` steps), and never where not even perfect drafts could."""
+        cfg = self.cfg
+        if not speculation_may_pay(self.profile, batch, cfg.max_nodes, self.heads.num_heads, self.draft_s):
+            return False
+        if self.expected_per_row is None or self.steps_since_draft >= DRAFT_PROBE_EVERY:
+            return True
+        expected = self.expected_per_row.expand(batch, -1)
+        return cost_model_budget(expected, self.profile, batch, 1, cfg.max_nodes, self.draft_s) > 1
 
     def note_draft_time(self, seconds: float) -> None:
         m = self.cfg.calibration_momentum
