@@ -67,7 +67,7 @@ class SpecDecoder:
         # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
         self.observed = torch.ones(heads.num_heads, device=device)
         self.predicted = torch.ones(heads.num_heads, device=device)
-        # Cost model: mean expected tokens per row for N = 1..max_nodes at the last drafted step.
+        # Cost model: EMA over drafted steps of the mean expected tokens per row for N = 1..max_nodes.
         self.expected_per_row: torch.Tensor | None = None
         self.steps_since_draft = 0
 
@@ -123,7 +123,11 @@ class SpecDecoder:
                 cands = self.draft(state)
                 self.note_draft_time(time.perf_counter() - t0)
                 budget = self.node_budget(batch, cands)
-                self.expected_per_row = cands.expected_tokens(self.cfg.max_nodes).mean(dim=0)
+                expected = cands.expected_tokens(self.cfg.max_nodes).mean(dim=0)
+                # An EMA: one step's drafts say little about the next ones (confidence varies per token).
+                m = self.cfg.calibration_momentum
+                self.expected_per_row = expected if self.expected_per_row is None else \
+                    m * self.expected_per_row + (1 - m) * expected
                 self.steps_since_draft = 0
             else:
                 self.steps_since_draft += 1
@@ -157,8 +161,8 @@ class SpecDecoder:
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
 
     def drafting_may_pay(self, batch: int) -> bool:
-        """Cost model: draft only where the last drafted step's per-row acceptance estimates
-        say some N > 1 beats plain decoding at this batch size (re-checked by drafting every
+        """Cost model: draft only where the running per-row acceptance estimates (EMA over
+        drafted steps) say some N > 1 beats plain decoding at this batch size (re-checked by drafting every
         `DRAFT_PROBE_EVERY` steps), and never where not even perfect drafts could."""
         cfg = self.cfg
         if not speculation_may_pay(self.profile, batch, cfg.max_nodes, self.heads.num_heads, self.draft_s):
