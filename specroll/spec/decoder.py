@@ -121,14 +121,8 @@ class SpecDecoder:
             cands, budget = None, self.cfg.min_nodes
             if self.cfg.min_nodes > 1 or self.drafting_may_pay(batch):
                 cands = self.draft(state)
-                self.note_draft_time(time.perf_counter() - t0)
+                self.note_drafted(cands, time.perf_counter() - t0)
                 budget = self.node_budget(batch, cands)
-                expected = cands.expected_tokens(self.cfg.max_nodes).mean(dim=0)
-                # An EMA: one step's drafts say little about the next ones (confidence varies per token).
-                m = self.cfg.calibration_momentum
-                self.expected_per_row = expected if self.expected_per_row is None else \
-                    m * self.expected_per_row + (1 - m) * expected
-                self.steps_since_draft = 0
             else:
                 self.steps_since_draft += 1
         else:
@@ -161,8 +155,8 @@ class SpecDecoder:
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
 
     def drafting_may_pay(self, batch: int) -> bool:
-        """Cost model: draft only where the running per-row acceptance estimates (EMA over
-        drafted steps) say some N > 1 beats plain decoding at this batch size (re-checked by drafting every
+        """Cost model: draft only where the running per-row acceptance estimates say some
+        N > 1 beats plain decoding at this batch size (re-checked by drafting every
         `DRAFT_PROBE_EVERY` steps), and never where not even perfect drafts could."""
         cfg = self.cfg
         if not speculation_may_pay(self.profile, batch, cfg.max_nodes, self.heads.num_heads, self.draft_s):
@@ -172,9 +166,16 @@ class SpecDecoder:
         expected = self.expected_per_row.expand(batch, -1)
         return cost_model_budget(expected, self.profile, batch, 1, cfg.max_nodes, self.draft_s) > 1
 
-    def note_draft_time(self, seconds: float) -> None:
+    def note_drafted(self, cands, seconds: float) -> None:
+        """Update the cost model's EMAs of drafting time and of expected tokens per row (one
+        step's drafts say little about the next ones: confidence varies per token)."""
         m = self.cfg.calibration_momentum
         self.draft_s = m * self.draft_s + (1 - m) * seconds if self.draft_s else seconds
+        expected = cands.expected_tokens(self.cfg.max_nodes).mean(dim=0)
+        if self.expected_per_row is not None:
+            expected = m * self.expected_per_row + (1 - m) * expected
+        self.expected_per_row = expected
+        self.steps_since_draft = 0
 
     def update_calibration(self, verdict) -> None:
         """Per depth: EMA of accepted rate vs the head mass drafted under the reached node."""
