@@ -7,6 +7,7 @@ import torch
 from specroll.models import KVCache, build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import HorizonHeads, SpecConfig, draft_candidates, select_tree, tree_attention_mask
+from specroll.spec.decoder import DRAFT_PROBE_EVERY
 from specroll.spec.verify import verify_tree
 
 
@@ -239,7 +240,7 @@ def test_cost_model_drafts_only_where_the_last_estimates_say_it_pays(model, tmp_
     assert decoder.drafting_may_pay(1)  # nothing drafted yet: draft to find out
     decoder.expected_per_row = torch.ones(8)  # the last drafts were never accepted
     assert not decoder.drafting_may_pay(1)
-    decoder.steps_since_draft = 16
+    decoder.steps_since_draft = DRAFT_PROBE_EVERY
     assert decoder.drafting_may_pay(1)  # periodic probe
     decoder.steps_since_draft = 0
     decoder.expected_per_row = torch.tensor([1.0, 1.4, 1.6, 1.7, 1.75, 1.8, 1.85, 1.9])

@@ -42,8 +42,11 @@ def initial_heads(model, cfg: SpecConfig) -> HorizonHeads:
 
 
 # With the cost model, a step that skips drafting (it would not pay) still drafts this often,
-# to notice when acceptance estimates or the batch make speculation worth it again.
-DRAFT_PROBE_EVERY = 16
+# to notice when acceptance estimates or the batch make speculation worth it again. The
+# estimates follow drafted steps quickly: with a slow average and rare probes, one dip below
+# break-even kept a batch-1 run from speculating for most of its length.
+DRAFT_PROBE_EVERY = 4
+COST_MODEL_MOMENTUM = 0.8
 
 
 class SpecDecoder:
@@ -169,7 +172,7 @@ class SpecDecoder:
     def note_drafted(self, cands, seconds: float) -> None:
         """Update the cost model's EMAs of drafting time and of expected tokens per row (one
         step's drafts say little about the next ones: confidence varies per token)."""
-        m = self.cfg.calibration_momentum
+        m = COST_MODEL_MOMENTUM
         self.draft_s = m * self.draft_s + (1 - m) * seconds if self.draft_s else seconds
         expected = cands.expected_tokens(self.cfg.max_nodes).mean(dim=0)
         if self.expected_per_row is not None:
