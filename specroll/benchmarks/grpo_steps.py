@@ -4,9 +4,10 @@ Two short training runs of the real driver (`specroll.train.run_training`: Ray a
 DeepSpeed learner) that differ only in `rollout.mode`: same policy, prompts, seeds and
 every other setting. Per step it prints generation and step seconds; at the end the
 generation-time and end-to-end step-time ratios (vanilla / specroll, warm-up steps left
-out), the generated-tokens-per-second ratio (steadier: response lengths differ), the share of a step that generation takes, and whether the rewards of the two runs
-are distinguishable: a two-proportion z-test on correct answers pooled over steps and a
-Welch t-test on per-step mean rewards. Speculative sampling is exact, so the p-values
+out), the generated-tokens-per-second ratio (steadier: response lengths differ), the share
+of a step that generation takes, and whether the rewards of the two runs are
+distinguishable: a two-proportion z-test on correct answers pooled over steps and a Welch
+t-test on per-step mean rewards. Speculative sampling is exact, so the p-values
 should be large; the two runs use different random draws, so the curves are not equal.
 
     python -m specroll.benchmarks.grpo_steps --policy ~/.cache/specroll/sft/gsm8k800 \

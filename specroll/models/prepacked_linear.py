@@ -74,12 +74,13 @@ def set_prepacked(module: nn.Module, enabled: bool) -> None:
 class PrepackedLinear(nn.Linear):
     """`nn.Linear`; with `prepacked = True`, CPU forwards without autograd use a packed weight."""
 
-    prepacked = False
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.prepacked = False
+        self._packed = PackedWeight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.prepacked and uses_packed_weight(x):
-            if not hasattr(self, "_packed"):
-                self._packed = PackedWeight()
             packed = self._packed.get((self.weight,), lambda: self.weight)
             if packed is not None:
                 return packed_linear(x, packed, self.bias)

@@ -119,8 +119,8 @@ class SpecDecoder:
         batch = state.last_tokens.shape[0]
         roots = state.last_tokens
         if self.cfg.budget == "cost_model":
-            # The cost model needs the candidates' acceptance estimates to pick N_t; drafting
-            # is skipped where even perfect drafts could not pay for it.
+            # The cost model picks N_t from the candidates' acceptance estimates; it skips
+            # drafting (N_t = N_min) where the running estimates say drafting would not pay.
             cands, budget = None, self.cfg.min_nodes
             if self.cfg.min_nodes > 1 or self.drafting_may_pay(batch):
                 cands = self.draft(state)

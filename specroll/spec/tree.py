@@ -73,7 +73,7 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
     frontier_ids = torch.full((batch, 1), -1, dtype=torch.long, device=hidden.device)
     tokens, parents, depths, scores, head_probs = [], [], [], [], []
     next_id = 0
-    lm_head = model.lm_head.weight  # shared with the policy, never copied: drafts follow its updates
+    lm_head = model.lm_head.weight  # the policy's own, read every call, so drafts follow its updates
     width = min(width, heads.draft_vocab_size(lm_head))
     for d in range(heads.num_heads):
         if heads.head_type == "medusa":
