@@ -20,6 +20,7 @@ from specroll.spec.train_heads import (
     frequent_tokens,
     heldout_prompts,
     initial_heads,
+    parse_args,
     sparse_distribution,
     sparse_kl_and_nll,
     split_heldout,
@@ -275,3 +276,10 @@ def test_evaluation_alone_matches_training_step_zero_and_sees_the_draft_vocabula
     cut = evaluate_heads(policy, narrow, heldout, cfg, progress=False, log=lambda _: None)["eval"][0]
     assert cut["per_head"][0]["top1"] < full["per_head"][0]["top1"]
     assert cut["per_head"][0]["kl"] == pytest.approx(full["per_head"][0]["kl"])  # the heads themselves are unchanged
+
+
+def test_out_is_required_only_when_training():
+    assert parse_args(["--collect-only"]).out is None
+    assert parse_args(["--out", "h.safetensors"]).out == "h.safetensors"
+    with pytest.raises(SystemExit):
+        parse_args([])

@@ -22,10 +22,10 @@ def cost_model_budget(expected_tokens: torch.Tensor, profile: HardwareProfile, a
                       min_nodes: int, max_nodes: int, draft_s: float = 0.0) -> int:
     """argmax_N  sum_b E[tokens_b | N] / (T(B, N) + drafting time if N > 1);
     expected_tokens [B, max_nodes] for N = 1..max_nodes."""
-    total = expected_tokens.sum(dim=0)
+    total = expected_tokens.sum(dim=0).tolist()  # one host sync, not one per N
     best_n, best_rate = min_nodes, -1.0
     for n in range(min_nodes, max_nodes + 1):
-        rate = float(total[n - 1]) / (profile.latency(active_rows, n) + (draft_s if n > 1 else 0.0))
+        rate = total[n - 1] / (profile.latency(active_rows, n) + (draft_s if n > 1 else 0.0))
         if rate > best_rate:
             best_n, best_rate = n, rate
     return best_n

@@ -201,6 +201,6 @@ class SpecDecoder:
             return
         acc = verdict.accepted_at_depth
         reached = torch.cat((torch.ones_like(acc[:, :1]), acc[:, :-1]), 1)
-        for d in range(acc.shape[1]):
-            s["accepted_by_depth"][d] += int(acc[:, d].sum())
-            s["reached_by_depth"][d] += int(reached[:, d].sum())
+        for d, (a, r) in enumerate(zip(acc.sum(0).tolist(), reached.sum(0).tolist())):
+            s["accepted_by_depth"][d] += a
+            s["reached_by_depth"][d] += r

@@ -556,7 +556,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=SampleConfig.max_new_tokens)
     p.add_argument("--prompts-per-batch", type=int, default=SampleConfig.prompts_per_batch)
     p.add_argument("--samples-per-prompt", type=int, default=SampleConfig.samples_per_prompt)
-    p.add_argument("--out", required=True, help="heads file (.safetensors); the summary goes beside it (.json)")
+    p.add_argument("--out", default=None,
+                   help="heads file (.safetensors); the summary goes beside it (.json); not needed with --collect-only")
     p.add_argument("--samples-cache", default=None,
                    help="folder of sample caches (default ~/.cache/specroll/head_samples)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="policy dtype")
@@ -564,7 +565,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--collect-only", action="store_true", help="only fill the samples cache, train nothing")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.out is None and not args.collect_only:
+        p.error("--out is required (where to save the heads) unless --collect-only")
+    return args
 
 
 def init_heads_path(init_heads: str) -> Path:
