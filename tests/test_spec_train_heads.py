@@ -283,3 +283,38 @@ def test_out_is_required_only_when_training():
     assert parse_args(["--out", "h.safetensors"]).out == "h.safetensors"
     with pytest.raises(SystemExit):
         parse_args([])
+
+
+def test_targets_over_a_vocabulary_are_the_policy_restricted_and_renormalised(policy, samples):
+    seq = samples[0][0]
+    vocab = torch.arange(0, 64, 2)  # the even tokens
+    targets = compute_targets(policy, [seq], top_k=8, progress=False, vocab=vocab)
+    assert targets.next_token.tolist() == list(seq.ids[seq.prompt_len:])  # path inputs stay model ids
+    assert targets.target_token.tolist() == [t // 2 if t % 2 == 0 else -1 for t in seq.ids[seq.prompt_len:]]
+    out = policy(torch.tensor([seq.ids]))
+    t = seq.prompt_len + 2
+    restricted = torch.log_softmax(out.logits[0, t, vocab], -1)
+    assert torch.allclose(targets.top_logp[3], restricted.topk(8).values, atol=1e-5)
+    assert targets.top_idx[3].tolist() == restricted.topk(8).indices.tolist()
+    mass = targets.top_logp[3].exp().sum() + targets.tail_logp[3].exp()
+    assert mass.item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_token_outside_the_vocabulary_has_no_nll():
+    logits = torch.tensor([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]])
+    top_logp, top_idx, tail_logp = sparse_distribution(logits, top_k=1)
+    kl, nll = sparse_kl_and_nll(torch.zeros(2, 3), top_logp, top_idx, tail_logp, torch.tensor([1, -1]))
+    assert nll.tolist() == pytest.approx([math.log(3), 0.0], abs=1e-6)
+    assert kl[0].item() == pytest.approx(kl[1].item())
+
+
+def test_training_on_a_draft_vocabulary_raises_agreement_within_it(policy, samples):
+    train, heldout = samples
+    heads = HorizonHeads.for_model(policy, "path", 2)
+    heads.set_draft_vocab(frequent_tokens(train, 32))
+    cfg = HeadTrainConfig(epochs=3, lr=3e-2, batch_positions=128, eval_every=1000)
+    metrics = train_heads(policy, heads, train, cfg, heldout, progress=False, log=lambda _: None)
+    first, last = metrics["eval"][0]["per_head"][0], metrics["eval"][-1]["per_head"][0]
+    assert metrics["loss_last"] < 0.7 * metrics["loss_first"]
+    assert last["top1"] > first["top1"] + 0.2
+    assert last["mass4"] > first["mass4"] + 0.1
