@@ -7,7 +7,7 @@ import torch
 from specroll.models import KVCache, build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import HorizonHeads, SpecConfig, draft_candidates, select_tree, tree_attention_mask
-from specroll.spec.decoder import DRAFT_PROBE_EVERY
+from specroll.spec.decoder import DRAFT_PROBE_EVERY, MAX_DRAFT_PROBE_EVERY
 from specroll.spec.verify import verify_tree
 
 
@@ -245,3 +245,30 @@ def test_cost_model_drafts_only_where_the_last_estimates_say_it_pays(model, tmp_
     decoder.steps_since_draft = 0
     decoder.expected_per_row = torch.tensor([1.0, 1.4, 1.6, 1.7, 1.75, 1.8, 1.85, 1.9])
     assert decoder.drafting_may_pay(1) and not decoder.drafting_may_pay(16)  # pays alone, not at batch 16
+
+
+def test_cost_model_probes_back_off_while_drafting_does_not_pay(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
+    engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="cost_model", max_nodes=8))
+    decoder = engine.decoder
+    prof = decoder.profile
+    prof.batch_sizes, prof.nodes = [1, 16], [1, 2, 4, 8]
+    # Perfect drafts would pay (2 tokens for 1.5 steps' time), so probes stay on ...
+    prof.latency_s = [[1.0, 1.5, 2.5, 4.5], [2.0, 3.0, 5.0, 9.0]]
+    decoder.observed.fill_(0.01)  # ... but these heads' drafts are believed almost never accepted.
+    drafted_at = []
+    draft = decoder.draft
+
+    def counting_draft(state):
+        drafted_at.append(decoder.stats["verify_steps"])
+        return draft(state)
+
+    monkeypatch.setattr(decoder, "draft", counting_draft)
+    out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=61))  # 60 decode steps
+    assert out.stats["verify_steps"] == 60 and set(out.stats["budget_per_step"]) == {1}
+    # Probing every DRAFT_PROBE_EVERY steps would draft 12 times; backing off: steps 0, 9, 26, 43.
+    assert drafted_at == [0, 9, 26, 43] and decoder.probe_every == MAX_DRAFT_PROBE_EVERY
+
+    prof.latency_s = [[1.0, 0.01, 0.01, 0.01], [2.0, 0.02, 0.02, 0.02]]  # now any tree pays
+    out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=30))
+    assert max(out.stats["budget_per_step"]) > 1 and decoder.probe_every == DRAFT_PROBE_EVERY

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, num_prompts, n in settings:
         prompts = prompts_all[:num_prompts]
         plain_t, spec_t, plain_tok, spec_tok = 0.0, 0.0, 0, 0
-        per_step, oracle, budgets = [], [], []
+        per_step, oracle, budgets, draft_t = [], [], [], 0.0
         for r in range(args.repeats):
             params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
                                     n=n, seed=args.seed + r)
@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
             bar.update()
             out, wall = timed_generate(spec_engine, prompts, params, device)
             spec_t, spec_tok = spec_t + wall, spec_tok + out.stats["tokens"]
+            draft_t += out.stats["time_draft_s"]
             per_step.append(out.stats["tokens_per_step_mean"])
             budgets = out.stats["budget_per_step"]
             oracle.append(oracle_tokens_per_step(model, prompts, out, params, budgets, max_depth))
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
             "speedup": (spec_tok / spec_t) / (plain_tok / plain_t),
             "tokens_per_step": sum(per_step) / len(per_step),
             "oracle_tokens_per_step": sum(oracle) / len(oracle),
+            "draft_share": draft_t / spec_t,  # of the speculative wall time
             "budget_trace": budgets,
             "acceptance_by_depth": out.stats["acceptance_by_depth"],
         }
@@ -153,14 +155,19 @@ def main(argv: list[str] | None = None) -> dict:
         bar.write(f"{name}: {row['speedup']:.2f}x, {row['tokens_per_step']:.2f} tokens/step")
     bar.close()
 
-    print(f"\npolicy {args.policy}, heads {heads_path or 'untrained ' + args.head_type}, budget {args.budget}, "
-          f"C_hw {spec_engine.decoder.capacity}, prompts from {source}, device {device}, {args.dtype}")
-    print(f"{'setting':>16} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'tok/step':>8} {'oracle':>7}  budget trace")
+    budget = f"fixed {spec.fixed_nodes} nodes" if args.budget == "fixed" else args.budget
+    if args.budget == "concurrency":
+        budget += f" (C_hw {spec_engine.decoder.capacity})"
+    print(f"\npolicy {args.policy}, heads {heads_path or 'untrained ' + args.head_type}, budget {budget}, "
+          f"prompts from {source}, device {device}, {args.dtype}")
+    print(f"{'setting':>16} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'tok/step':>8} {'oracle':>7} "
+          f"{'drafting':>8}  budget trace")
     for row in rows:
         trace = row["budget_trace"]
         summary = f"{min(trace)}..{max(trace)} (mean {sum(trace) / len(trace):.1f})" if trace else "-"
         print(f"{row['setting']:>16} {row['plain_tokens_per_s']:11.1f} {row['spec_tokens_per_s']:10.1f} "
-              f"{row['speedup']:6.2f} {row['tokens_per_step']:8.2f} {row['oracle_tokens_per_step']:7.2f}  {summary}")
+              f"{row['speedup']:6.2f} {row['tokens_per_step']:8.2f} {row['oracle_tokens_per_step']:7.2f} "
+              f"{row['draft_share']:8.1%}  {summary}")
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": spec_engine.decoder.capacity, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

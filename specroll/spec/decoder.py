@@ -41,11 +41,14 @@ def initial_heads(model, cfg: SpecConfig) -> HorizonHeads:
     return HorizonHeads.for_model(model, cfg.head_type, cfg.num_heads)
 
 
-# With the cost model, a step that skips drafting (it would not pay) still drafts this often,
-# to notice when acceptance estimates or the batch make speculation worth it again. The
-# estimates follow drafted steps quickly: with a slow average and rare probes, one dip below
-# break-even kept a batch-1 run from speculating for most of its length.
+# With the cost model, a step that skips drafting (it would not pay) still drafts now and
+# then, to notice when acceptance makes speculation worth it again. Probes start every
+# DRAFT_PROBE_EVERY steps: with a slow average and rare probes, one dip below break-even kept
+# a batch-1 run from speculating for most of its length. Each probe that still finds plain
+# decoding best doubles the interval up to MAX_DRAFT_PROBE_EVERY: at 64 rows on a CPU a probe
+# costs ~15% of a step, and probing every 4 steps cost 3.5% of a run that never speculated.
 DRAFT_PROBE_EVERY = 4
+MAX_DRAFT_PROBE_EVERY = 16
 COST_MODEL_MOMENTUM = 0.8
 
 
@@ -73,6 +76,7 @@ class SpecDecoder:
         # Cost model: EMA over drafted steps of the mean expected tokens per row for N = 1..max_nodes.
         self.expected_per_row: torch.Tensor | None = None
         self.steps_since_draft = 0
+        self.probe_every = DRAFT_PROBE_EVERY
 
     def reset_stats(self) -> None:
         self.stats = {"tokens_per_step": Counter(), "budget_per_step": [], "accepted_by_depth": [0] * self.heads.num_heads,
@@ -126,6 +130,8 @@ class SpecDecoder:
                 cands = self.draft(state)
                 self.note_drafted(cands, time.perf_counter() - t0)
                 budget = self.node_budget(batch, cands)
+                self.probe_every = (DRAFT_PROBE_EVERY if budget > 1
+                                    else min(2 * self.probe_every, MAX_DRAFT_PROBE_EVERY))
             else:
                 self.steps_since_draft += 1
         else:
@@ -160,11 +166,11 @@ class SpecDecoder:
     def drafting_may_pay(self, batch: int) -> bool:
         """Cost model: draft only where the running per-row acceptance estimates say some
         N > 1 beats plain decoding at this batch size (re-checked by drafting every
-        `DRAFT_PROBE_EVERY` steps), and never where not even perfect drafts could."""
+        `probe_every` steps), and never where not even perfect drafts could."""
         cfg = self.cfg
         if not speculation_may_pay(self.profile, batch, cfg.max_nodes, self.heads.num_heads, self.draft_s):
             return False
-        if self.expected_per_row is None or self.steps_since_draft >= DRAFT_PROBE_EVERY:
+        if self.expected_per_row is None or self.steps_since_draft >= self.probe_every:
             return True
         expected = self.expected_per_row.expand(batch, -1)
         return cost_model_budget(expected, self.profile, batch, 1, cfg.max_nodes, self.draft_s) > 1
