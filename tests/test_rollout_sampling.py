@@ -9,6 +9,7 @@ from scipy.stats import chisquare
 
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams, sampling_logprobs
+from specroll.rollout.sampling import CDF_BLOCK, first_above, inverse_cdf
 
 NEG_INF = float("-inf")
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0])
@@ -75,6 +76,35 @@ def test_logprobs_are_per_row():
     got = sampling_logprobs(logits, SamplingParams(top_k=2))
     torch.testing.assert_close(got[0], torch.tensor(TOP_TWO), rtol=0, atol=1e-6)
     torch.testing.assert_close(got[1], torch.tensor(TOP_TWO).flip(0), rtol=0, atol=1e-6)
+
+
+def flat_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The definition: one float64 cumulative sum over the whole vocabulary."""
+    cdf = probs.double().cumsum(-1)
+    return torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(1)
+
+
+@pytest.mark.parametrize("vocab", [CDF_BLOCK * 3, 1000, 7])
+def test_blocked_inverse_cdf_is_the_flat_one(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    probs = torch.softmax(3 * torch.randn(500, vocab, generator=g), dim=-1)
+    probs[:200] *= torch.rand(200, vocab, generator=g) < 0.1  # masked rows, some blocks all zero
+    probs[:200, 0] += 1e-3  # every row keeps some mass
+    uniforms = torch.rand(500, generator=g, dtype=torch.float64)
+    uniforms[:3] = torch.tensor([0.0, 0.5, 0.999999])
+    assert torch.equal(inverse_cdf(probs, uniforms), flat_inverse_cdf(probs, uniforms))
+
+
+def test_inverse_cdf_never_returns_a_token_without_mass():
+    probs = torch.zeros(1, 2 * CDF_BLOCK)  # mass on two tokens of the first block only
+    probs[0, 10], probs[0, 20] = 0.25, 0.75
+    assert inverse_cdf(probs, torch.tensor([0.0], dtype=torch.float64)).item() == 10
+    assert inverse_cdf(probs, torch.tensor([0.25], dtype=torch.float64)).item() == 20
+    # u x total can round up to the total, which no cumulative sum exceeds: the last token
+    # with mass is taken, not the end of the vocabulary.
+    cdf = torch.tensor([[0.25, 0.25, 1.0, 1.0]], dtype=torch.float64)
+    assert first_above(cdf, torch.tensor([1.0], dtype=torch.float64)).item() == 2
+    assert first_above(cdf, torch.tensor([0.25], dtype=torch.float64)).item() == 2
 
 
 @torch.no_grad()
