@@ -7,7 +7,7 @@ import torch
 from specroll.models import KVCache, build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import HorizonHeads, SpecConfig, draft_candidates, select_tree, tree_attention_mask
-from specroll.spec.decoder import DRAFT_PROBE_EVERY, MAX_DRAFT_PROBE_EVERY
+from specroll.spec.decoder import DRAFT_PROBE_EVERY, RARE_PROBE_EVERY
 from specroll.spec.verify import verify_tree
 
 
@@ -238,16 +238,19 @@ def test_cost_model_drafts_only_where_the_last_estimates_say_it_pays(model, tmp_
     prof.batch_sizes, prof.nodes = [1, 16], [1, 2, 4, 8]
     prof.latency_s = [[0.100, 0.105, 0.110, 0.120], [0.200, 0.300, 0.400, 0.600]]
     assert decoder.drafting_may_pay(1)  # nothing drafted yet: draft to find out
+    good = torch.tensor([1.0, 1.4, 1.6, 1.7, 1.75, 1.8, 1.85, 1.9])
+    decoder.expected_per_row, decoder.typical_per_row = good, good
+    assert decoder.drafting_may_pay(1) and not decoder.drafting_may_pay(16)  # pays alone, not at batch 16
     decoder.expected_per_row = torch.ones(8)  # the last drafts were never accepted
     assert not decoder.drafting_may_pay(1)
     decoder.steps_since_draft = DRAFT_PROBE_EVERY
-    assert decoder.drafting_may_pay(1)  # periodic probe
-    decoder.steps_since_draft = 0
-    decoder.expected_per_row = torch.tensor([1.0, 1.4, 1.6, 1.7, 1.75, 1.8, 1.85, 1.9])
-    assert decoder.drafting_may_pay(1) and not decoder.drafting_may_pay(16)  # pays alone, not at batch 16
+    assert decoder.drafting_may_pay(1)  # the heads usually pay alone: a frequent probe
+    assert not decoder.drafting_may_pay(16)  # not even usually at batch 16: a rare probe
+    decoder.steps_since_draft = RARE_PROBE_EVERY
+    assert decoder.drafting_may_pay(16)
 
 
-def test_cost_model_probes_back_off_while_drafting_does_not_pay(model, tmp_path, monkeypatch):
+def test_cost_model_probes_rarely_where_the_heads_never_pay(model, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
     engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="cost_model", max_nodes=8))
     decoder = engine.decoder
@@ -266,9 +269,10 @@ def test_cost_model_probes_back_off_while_drafting_does_not_pay(model, tmp_path,
     monkeypatch.setattr(decoder, "draft", counting_draft)
     out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=61))  # 60 decode steps
     assert out.stats["verify_steps"] == 60 and set(out.stats["budget_per_step"]) == {1}
-    # Probing every DRAFT_PROBE_EVERY steps would draft 12 times; backing off: steps 0, 9, 26, 43.
-    assert drafted_at == [0, 9, 26, 43] and decoder.probe_every == MAX_DRAFT_PROBE_EVERY
+    # Probing every DRAFT_PROBE_EVERY steps would draft 12 times.
+    assert drafted_at == [0, 17, 34, 51]
 
     prof.latency_s = [[1.0, 0.01, 0.01, 0.01], [2.0, 0.02, 0.02, 0.02]]  # now any tree pays
+    drafted_at.clear()
     out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=30))
-    assert max(out.stats["budget_per_step"]) > 1 and decoder.probe_every == DRAFT_PROBE_EVERY
+    assert max(out.stats["budget_per_step"]) > 1 and len(drafted_at) == out.stats["verify_steps"]  # every step

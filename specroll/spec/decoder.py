@@ -42,13 +42,15 @@ def initial_heads(model, cfg: SpecConfig) -> HorizonHeads:
 
 
 # With the cost model, a step that skips drafting (it would not pay) still drafts now and
-# then, to notice when acceptance makes speculation worth it again. Probes start every
-# DRAFT_PROBE_EVERY steps: with a slow average and rare probes, one dip below break-even kept
-# a batch-1 run from speculating for most of its length. Each probe that still finds plain
-# decoding best doubles the interval up to MAX_DRAFT_PROBE_EVERY: at 64 rows on a CPU a probe
-# costs ~15% of a step, and probing every 4 steps cost 3.5% of a run that never speculated.
+# then as a probe, to notice when acceptance makes speculation worth it again. Where the
+# heads' typical acceptance (a slow average) would pay at this batch size, a dip is likely
+# passing: probe every DRAFT_PROBE_EVERY steps (rarer probes kept a batch-1 run from
+# speculating for much of its length). Where not even that would pay, probe every
+# RARE_PROBE_EVERY: at 64 rows on a CPU a probe costs ~15% of a step, and probing every 4
+# steps cost 3.5% of a run that never speculated.
 DRAFT_PROBE_EVERY = 4
-MAX_DRAFT_PROBE_EVERY = 16
+RARE_PROBE_EVERY = 16
+TYPICAL_MOMENTUM = 0.98
 COST_MODEL_MOMENTUM = 0.8
 
 
@@ -75,8 +77,8 @@ class SpecDecoder:
         self.predicted = torch.ones(heads.num_heads, device=device)
         # Cost model: EMA over drafted steps of the mean expected tokens per row for N = 1..max_nodes.
         self.expected_per_row: torch.Tensor | None = None
+        self.typical_per_row: torch.Tensor | None = None  # the same, averaged slowly
         self.steps_since_draft = 0
-        self.probe_every = DRAFT_PROBE_EVERY
 
     def reset_stats(self) -> None:
         self.stats = {"tokens_per_step": Counter(), "budget_per_step": [], "accepted_by_depth": [0] * self.heads.num_heads,
@@ -130,8 +132,6 @@ class SpecDecoder:
                 cands = self.draft(state)
                 self.note_drafted(cands, time.perf_counter() - t0)
                 budget = self.node_budget(batch, cands)
-                self.probe_every = (DRAFT_PROBE_EVERY if budget > 1
-                                    else min(2 * self.probe_every, MAX_DRAFT_PROBE_EVERY))
             else:
                 self.steps_since_draft += 1
         else:
@@ -164,16 +164,21 @@ class SpecDecoder:
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
 
     def drafting_may_pay(self, batch: int) -> bool:
-        """Cost model: draft only where the running per-row acceptance estimates say some
-        N > 1 beats plain decoding at this batch size (re-checked by drafting every
-        `probe_every` steps), and never where not even perfect drafts could."""
+        """Cost model: draft where the running per-row acceptance estimates say some N > 1
+        beats plain decoding at this batch size, probe now and then where they do not (see
+        DRAFT_PROBE_EVERY), and never draft where not even perfect drafts could pay."""
         cfg = self.cfg
         if not speculation_may_pay(self.profile, batch, cfg.max_nodes, self.heads.num_heads, self.draft_s):
             return False
-        if self.expected_per_row is None or self.steps_since_draft >= self.probe_every:
+        if self.expected_per_row is None or self.pays(self.expected_per_row, batch):
             return True
-        expected = self.expected_per_row.expand(batch, -1)
-        return cost_model_budget(expected, self.profile, batch, 1, cfg.max_nodes, self.draft_s) > 1
+        probe_every = DRAFT_PROBE_EVERY if self.pays(self.typical_per_row, batch) else RARE_PROBE_EVERY
+        return self.steps_since_draft >= probe_every
+
+    def pays(self, expected_per_row: torch.Tensor, batch: int) -> bool:
+        """Whether some N > 1 beats plain decoding for `batch` rows expecting these tokens."""
+        expected = expected_per_row.expand(batch, -1)
+        return cost_model_budget(expected, self.profile, batch, 1, self.cfg.max_nodes, self.draft_s) > 1
 
     def note_drafted(self, cands, seconds: float) -> None:
         """Update the cost model's EMAs of drafting time and of expected tokens per row (one
@@ -181,9 +186,11 @@ class SpecDecoder:
         m = COST_MODEL_MOMENTUM
         self.draft_s = m * self.draft_s + (1 - m) * seconds if self.draft_s else seconds
         expected = cands.expected_tokens(self.cfg.max_nodes).mean(dim=0)
-        if self.expected_per_row is not None:
-            expected = m * self.expected_per_row + (1 - m) * expected
-        self.expected_per_row = expected
+        if self.expected_per_row is None:
+            self.expected_per_row, self.typical_per_row = expected, expected
+        else:
+            self.expected_per_row = m * self.expected_per_row + (1 - m) * expected
+            self.typical_per_row = TYPICAL_MOMENTUM * self.typical_per_row + (1 - TYPICAL_MOMENTUM) * expected
         self.steps_since_draft = 0
 
     def update_calibration(self, verdict) -> None:
