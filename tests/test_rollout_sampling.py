@@ -102,9 +102,10 @@ def test_inverse_cdf_never_returns_a_token_without_mass():
     assert inverse_cdf(probs, torch.tensor([0.25], dtype=torch.float64)).item() == 20
     # u x total can round up to the total, which no cumulative sum exceeds: the last token
     # with mass is taken, not the end of the vocabulary.
-    cdf = torch.tensor([[0.25, 0.25, 1.0, 1.0]], dtype=torch.float64)
-    assert first_above(cdf, torch.tensor([1.0], dtype=torch.float64)).item() == 2
-    assert first_above(cdf, torch.tensor([0.25], dtype=torch.float64)).item() == 2
+    mass = torch.tensor([[0.25, 0.0, 0.75, 0.0]])
+    cdf = mass.double().cumsum(-1)
+    assert first_above(cdf, torch.tensor([1.0], dtype=torch.float64), mass).item() == 2
+    assert first_above(cdf, torch.tensor([0.25], dtype=torch.float64), mass).item() == 2
 
 
 @torch.no_grad()

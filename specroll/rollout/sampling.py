@@ -131,7 +131,7 @@ def sample_tokens(logprobs: torch.Tensor, uniforms: torch.Tensor | None, greedy:
 # locate the block holding the target mass, then only that block is scanned token by token
 # in float64. A float64 cumulative sum over the whole vocabulary cost ~0.5 ms per
 # distribution on a CPU, and verification samples at every tree node (128 of them for
-# 16-node trees at batch 8); a float32 one would drift by up to ~1e-3 over 49k tokens.
+# 16-node trees at batch 8); a float32 one could drift by ~1e-3 over 49k tokens.
 CDF_BLOCK = 256
 
 
@@ -141,21 +141,20 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     rows, vocab = probs.shape
     pad = -vocab % CDF_BLOCK
     blocks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(rows, -1, CDF_BLOCK)
-    block_cdf = blocks.sum(dim=-1).double().cumsum(dim=-1)  # [N, blocks]
+    block_mass = blocks.sum(dim=-1)  # [N, blocks]
+    block_cdf = block_mass.double().cumsum(dim=-1)
     target = uniforms * block_cdf[:, -1]
-    block = first_above(block_cdf, target)
+    block = first_above(block_cdf, target, block_mass)
     within = torch.gather(blocks, 1, block[:, None, None].expand(-1, 1, CDF_BLOCK)).squeeze(1)
     before = torch.gather(block_cdf, 1, (block - 1).clamp(min=0)[:, None]).squeeze(1) * (block > 0)
     return block * CDF_BLOCK + first_above(before[:, None] + within.double().cumsum(dim=-1), target, within)
 
 
-def first_above(cdf: torch.Tensor, target: torch.Tensor, mass: torch.Tensor | None = None) -> torch.Tensor:
-    """First index of each row of `cdf` [N, K] above `target` [N]. Where rounding leaves none
-    (the target within an ulp of the total), the last index with mass (`mass`, default the
-    increments of `cdf`): a token of zero probability is never returned."""
+def first_above(cdf: torch.Tensor, target: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """First index of each row of `cdf` [N, K] (the cumulative sum of `mass`) above `target`
+    [N]. Where rounding leaves none (the target within an ulp of the total), the last index
+    with mass: a token of zero probability is never returned."""
     index = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
-    if mass is None:
-        mass = torch.diff(cdf, dim=-1, prepend=torch.zeros_like(cdf[:, :1]))
     positions = torch.arange(1, cdf.shape[1] + 1, device=cdf.device)
     last_with_mass = ((mass > 0) * positions).argmax(dim=-1)
     return torch.where(index < cdf.shape[1], index, last_with_mass)
