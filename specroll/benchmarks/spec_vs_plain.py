@@ -40,8 +40,9 @@ def oracle_tokens_per_step(model, prompts, out, params: SamplingParams, budgets:
             continue
         ids = torch.tensor([prompt + response], device=next(model.parameters()).device)
         logp = sampling_logprobs(model(ids).logits[0, len(prompt) - 1 : -1], params).float()  # P_j for r_j
-        realised = logp.gather(1, torch.tensor(response, device=logp.device)[:, None]).squeeze(1).exp()
-        top = logp.topk(ORACLE_TOP, dim=1).values.exp()
+        # On the CPU: the walk below reads single elements thousands of times (a sync each on a GPU).
+        realised = logp.gather(1, torch.tensor(response, device=logp.device)[:, None]).squeeze(1).exp().cpu()
+        top = logp.topk(ORACLE_TOP, dim=1).values.exp().cpu()
         i, step = 0, 0  # root = r_i (already emitted); the tree predicts r_{i+1} ...
         while i < len(response) - 1:
             n = budgets[min(step, len(budgets) - 1)]

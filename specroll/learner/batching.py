@@ -211,7 +211,7 @@ def micro_batch_indices(lengths: list[int], indices: list[int], token_budget: in
 
 def mini_batch_indices(num_samples: int, mini_batch_size: int | None, generator: torch.Generator) -> list[list[int]]:
     """A shuffled partition of range(num_samples) into optimizer-step sized chunks."""
-    order = torch.randperm(num_samples, generator=generator).tolist()
+    order = torch.randperm(num_samples, generator=generator, device=generator.device).tolist()
     size = num_samples if mini_batch_size is None else mini_batch_size
     return [order[start : start + size] for start in range(0, num_samples, size)]
 

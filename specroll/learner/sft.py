@@ -260,7 +260,7 @@ def response_nll_sum(model, row: PackedRow) -> torch.Tensor:
 
 def epoch_rows(examples: list[SFTExample], row_tokens: int, seed: int, epoch: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    order = torch.randperm(len(examples), generator=generator).tolist()
+    order = torch.randperm(len(examples), generator=generator, device=generator.device).tolist()
     return pack_first_fit([len(e) for e in examples], order, row_tokens)
 
 

@@ -20,7 +20,7 @@ class KVCache:
         num_kv_heads: int,
         head_dim: int,
         dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,  # None: torch's default device
         live_rows: int | None = None,
     ) -> None:
         shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
@@ -131,5 +131,5 @@ class KVCache:
             dst = slice(b * repeats, (b + 1) * repeats)
             self.k[:, dst, :, :used] = self.k[:, b : b + 1, :, :used]
             self.v[:, dst, :, :used] = self.v[:, b : b + 1, :, :used]
-            self.lengths[dst] = self.lengths[b]
+            self.lengths[dst] = self.lengths[b].clone()  # a view of the same tensor: CUDA refuses the overlap
         self.batch_size = n * repeats

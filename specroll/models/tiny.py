@@ -39,5 +39,6 @@ def build_tiny_model(model_type: str = "llama", seed: int = 0, init_std: float =
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 continue
-            p.copy_(torch.randn(p.shape, generator=generator) * init_std)
+            # Drawn on the CPU, so a seed gives the same weights on every device.
+            p.copy_(torch.randn(p.shape, generator=generator, device="cpu") * init_std)
     return model

@@ -509,7 +509,7 @@ def train_heads(model, heads: HorizonHeads, sequences: list[SampledSequence], cf
     bar = tqdm(total=total_steps, desc="heads", unit="step", disable=not progress)
     step, ema = 0, None
     for _ in range(cfg.epochs):
-        perm = positions[torch.randperm(positions.numel(), generator=generator).to(positions.device)]
+        perm = positions[torch.randperm(positions.numel(), generator=generator, device=generator.device).to(positions.device)]
         for b in range(steps_per_epoch):
             batch = HeadBatch(train, perm[b * cfg.batch_positions: (b + 1) * cfg.batch_positions],
                               heads.num_heads, embed)
