@@ -18,7 +18,7 @@ def model():
 
 def random_heads(model, head_type, seed=0):
     heads = HorizonHeads.for_model(model, head_type, num_heads=3)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.3)
@@ -276,3 +276,28 @@ def test_cost_model_probes_rarely_where_the_heads_never_pay(model, tmp_path, mon
     drafted_at.clear()
     out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=30))
     assert max(out.stats["budget_per_step"]) > 1 and len(drafted_at) == out.stats["verify_steps"]  # every step
+
+
+def test_cost_model_recovers_from_a_slow_first_draft(model, tmp_path, monkeypatch):
+    """A cold first draft (kernels loading on a GPU) must not switch speculation off for good."""
+    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
+    engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="cost_model", max_nodes=8))
+    decoder = engine.decoder
+    prof = decoder.profile
+    prof.batch_sizes, prof.nodes = [1, 16], [1, 2, 4, 8]
+    prof.latency_s = [[1.0, 0.01, 0.01, 0.01], [2.0, 0.02, 0.02, 0.02]]  # any tree pays ...
+    decoder.draft_s = 100.0  # ... unless drafting takes as long as this first one did
+    drafted_at = []
+    draft = decoder.draft
+
+    def counting_draft(state):
+        drafted_at.append(decoder.stats["verify_steps"])
+        return draft(state)
+
+    monkeypatch.setattr(decoder, "draft", counting_draft)
+    out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=40))
+    budgets = out.stats["budget_per_step"]
+    # A rare probe re-measures drafting, after which every step drafts and speculates.
+    assert drafted_at[0] == RARE_PROBE_EVERY and set(budgets[:RARE_PROBE_EVERY]) == {1}
+    assert drafted_at == list(range(RARE_PROBE_EVERY, len(budgets))) and min(budgets[RARE_PROBE_EVERY:]) > 1
+    assert decoder.draft_s < 1.0

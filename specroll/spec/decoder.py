@@ -168,8 +168,13 @@ class SpecDecoder:
         beats plain decoding at this batch size, probe now and then where they do not (see
         DRAFT_PROBE_EVERY), and never draft where not even perfect drafts could pay."""
         cfg = self.cfg
-        if not speculation_may_pay(self.profile, batch, cfg.max_nodes, self.heads.num_heads, self.draft_s):
-            return False
+        depth = self.heads.num_heads
+        if not speculation_may_pay(self.profile, batch, cfg.max_nodes, depth, self.draft_s):
+            # Where only the measured drafting time rules speculation out, still probe rarely:
+            # that time can fall (on a GPU the first drafts load their kernels; measured on an
+            # H200, a cold draft kept the estimate above what any tree could pay for a whole run).
+            return (self.draft_s > 0 and self.steps_since_draft >= RARE_PROBE_EVERY
+                    and speculation_may_pay(self.profile, batch, cfg.max_nodes, depth, 0.0))
         if self.expected_per_row is None or self.pays(self.expected_per_row, batch):
             return True
         probe_every = DRAFT_PROBE_EVERY if self.pays(self.typical_per_row, batch) else RARE_PROBE_EVERY
@@ -184,7 +189,10 @@ class SpecDecoder:
         """Update the cost model's EMAs of drafting time and of expected tokens per row (one
         step's drafts say little about the next ones: confidence varies per token)."""
         m = COST_MODEL_MOMENTUM
-        self.draft_s = m * self.draft_s + (1 - m) * seconds if self.draft_s else seconds
+        if not self.draft_s or seconds < self.draft_s / 2:
+            self.draft_s = seconds  # first, or after a cold start: averaging would keep it high for long
+        else:
+            self.draft_s = m * self.draft_s + (1 - m) * seconds
         expected = cands.expected_tokens(self.cfg.max_nodes).mean(dim=0)
         if self.expected_per_row is None:
             self.expected_per_row, self.typical_per_row = expected, expected
