@@ -2,12 +2,21 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def pytest_configure(config):
+    """SPECROLL_TEST_DEVICE=cuda makes the tests' models and tensors (module constants too)
+    default to that device instead of the CPU, so the same tests check the GPU path."""
+    device = os.environ.get("SPECROLL_TEST_DEVICE")
+    if device:
+        torch.set_default_device(device)
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ SMALL_BUDGET = 12  # tokens per micro-batch: splits the batch below into several
 
 
 def random_samples(n: int = 6, seed: int = 0) -> GRPOSamples:
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(torch.get_default_device()).manual_seed(seed)
     prompts = [torch.randint(2, 64, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist() for _ in range(n)]
     responses = [torch.randint(2, 64, (int(torch.randint(1, 8, (1,), generator=gen)),), generator=gen).tolist() for _ in range(n)]
     return GRPOSamples(prompts, responses, torch.randn(n, generator=gen))
@@ -24,7 +24,7 @@ def random_samples(n: int = 6, seed: int = 0) -> GRPOSamples:
 
 def with_old_logprobs(samples: GRPOSamples, noise: float, seed: int = 1) -> GRPOSamples:
     """Old log-probs of the initial model plus noise, so ratios spread over and past the clip range."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(torch.get_default_device()).manual_seed(seed)
     model = build_tiny_model()
     mb = pad_samples(samples, list(range(len(samples))))
     with torch.no_grad():
@@ -47,7 +47,7 @@ def oracle_first_step(samples: GRPOSamples, loss_cfg: PolicyLossConfig):
 
 
 def learner_for(zero_stage: int, **overrides) -> GRPOLearner:
-    fields = dict(zero_stage=zero_stage, lr=LR, adam_eps=ADAM_EPS, grad_clip=0.0, device="cpu", max_response_len=16, max_seq_len=32)
+    fields = dict(zero_stage=zero_stage, lr=LR, adam_eps=ADAM_EPS, grad_clip=0.0, device=str(torch.get_default_device()), max_response_len=16, max_seq_len=32)
     fields.update(overrides)
     return GRPOLearner(build_tiny_model(), LearnerConfig(**fields))
 

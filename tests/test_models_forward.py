@@ -38,7 +38,7 @@ def tiny_pair(model_type: str = "llama", seed: int = 0, init_std: float = 0.1, *
 
 
 def random_ids(vocab_size: int, batch: int, length: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, vocab_size, (batch, length), generator=torch.Generator(torch.get_default_device()).manual_seed(seed))
 
 
 @pytest.mark.parametrize(
@@ -161,6 +161,10 @@ def smollm2_prompt(smollm2, gsm8k_test_questions):
 def test_smollm2_logits_match_transformers(smollm2, smollm2_dir, smollm2_prompt):
     model, _ = smollm2
     hf = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    # The architecture, through F.linear like transformers: a RolloutEngine made earlier in the
+    # session switches the shared model to prepacked linears, whose oneDNN sums differ by ~3e-4
+    # (their own agreement is tested in test_models_prepacked_linear).
+    model.use_prepacked_linears(False)
     with torch.no_grad():
         expected = hf(smollm2_prompt).logits
         got = model(smollm2_prompt).logits

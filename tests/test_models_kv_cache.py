@@ -16,7 +16,7 @@ def model():
 
 
 def random_tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(2, 64, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return torch.randint(2, 64, (n,), generator=torch.Generator(torch.get_default_device()).manual_seed(seed)).tolist()
 
 
 @torch.no_grad()

@@ -86,7 +86,7 @@ def flat_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tenso
 
 @pytest.mark.parametrize("vocab", [CDF_BLOCK * 3, 1000, 7])
 def test_blocked_inverse_cdf_is_the_flat_one(vocab):
-    g = torch.Generator().manual_seed(vocab)
+    g = torch.Generator(torch.get_default_device()).manual_seed(vocab)
     probs = torch.softmax(3 * torch.randn(500, vocab, generator=g), dim=-1)
     probs[:200] *= torch.rand(200, vocab, generator=g) < 0.1  # masked rows, some blocks all zero
     probs[:200, 0] += 1e-3  # every row keeps some mass
@@ -206,7 +206,7 @@ def chi_square_p(samples: list[int], probs: torch.Tensor) -> float:
     if expected[-1] == 0:
         assert observed[-1] == 0, "sampled a token of probability 0"
         observed, expected = observed[:-1], expected[:-1]
-    return float(chisquare(observed.numpy(), expected.numpy() * observed.sum().item() / expected.sum().item()).pvalue)
+    return float(chisquare(observed.cpu().numpy(), expected.cpu().numpy() * observed.sum().item() / expected.sum().item()).pvalue)
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,7 @@ def goodness_of_fit(samples: list[list[int]], probs: dict) -> float:
 
 
 def randomise_heads(heads, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     with torch.no_grad():
         for p in heads.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.5)
@@ -78,7 +78,7 @@ def biased_verify(logprobs, tree, uniforms, greedy, max_depth) -> Verdict:
     The correct residual would be norm(max(0, p - q)); sampling the bonus from p instead
     over-weights the drafted tokens. Used only as a negative control.
     """
-    g = torch.Generator().manual_seed(1234)
+    g = torch.Generator(torch.get_default_device()).manual_seed(1234)
     batch = logprobs.shape[0]
     samples, sample_lp = sample_tokens(logprobs, torch.rand(logprobs.shape[:2], generator=g, dtype=torch.float64), False)
     rows = torch.arange(batch)
