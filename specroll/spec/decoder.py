@@ -171,8 +171,8 @@ class SpecDecoder:
         depth = self.heads.num_heads
         if not speculation_may_pay(self.profile, batch, cfg.max_nodes, depth, self.draft_s):
             # Where only the measured drafting time rules speculation out, still probe rarely:
-            # that time can fall (on a GPU the first drafts load their kernels; measured on an
-            # H200, a cold draft kept the estimate above what any tree could pay for a whole run).
+            # that time can fall (a first draft on a GPU loads kernels; on an H200, an estimate
+            # seeded by the warm-up's draft kept a whole benchmark from ever drafting again).
             return (self.draft_s > 0 and self.steps_since_draft >= RARE_PROBE_EVERY
                     and speculation_may_pay(self.profile, batch, cfg.max_nodes, depth, 0.0))
         if self.expected_per_row is None or self.pays(self.expected_per_row, batch):
