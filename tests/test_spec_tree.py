@@ -250,15 +250,14 @@ def test_cost_model_drafts_only_where_the_last_estimates_say_it_pays(model, tmp_
     assert decoder.drafting_may_pay(16)
 
 
-def test_cost_model_probes_rarely_where_the_heads_never_pay(model, tmp_path, monkeypatch):
+def cost_model_engine(model, tmp_path, monkeypatch, latency_s) -> tuple[RolloutEngine, list[int]]:
+    """A cost-model engine on a 2 x 4 profile with these latencies, and the list of verify
+    steps at which it drafts (filled as it generates)."""
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
     engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="cost_model", max_nodes=8))
     decoder = engine.decoder
-    prof = decoder.profile
-    prof.batch_sizes, prof.nodes = [1, 16], [1, 2, 4, 8]
-    # Perfect drafts would pay (2 tokens for 1.5 steps' time), so probes stay on ...
-    prof.latency_s = [[1.0, 1.5, 2.5, 4.5], [2.0, 3.0, 5.0, 9.0]]
-    decoder.observed.fill_(0.01)  # ... but these heads' drafts are believed almost never accepted.
+    decoder.profile.batch_sizes, decoder.profile.nodes = [1, 16], [1, 2, 4, 8]
+    decoder.profile.latency_s = latency_s
     drafted_at = []
     draft = decoder.draft
 
@@ -267,6 +266,14 @@ def test_cost_model_probes_rarely_where_the_heads_never_pay(model, tmp_path, mon
         return draft(state)
 
     monkeypatch.setattr(decoder, "draft", counting_draft)
+    return engine, drafted_at
+
+
+def test_cost_model_probes_rarely_where_the_heads_never_pay(model, tmp_path, monkeypatch):
+    # Perfect drafts would pay (2 tokens for 1.5 steps' time), so probes stay on ...
+    engine, drafted_at = cost_model_engine(model, tmp_path, monkeypatch, [[1.0, 1.5, 2.5, 4.5], [2.0, 3.0, 5.0, 9.0]])
+    decoder, prof = engine.decoder, engine.decoder.profile
+    decoder.observed.fill_(0.01)  # ... but these heads' drafts are believed almost never accepted.
     out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=61))  # 60 decode steps
     assert out.stats["verify_steps"] == 60 and set(out.stats["budget_per_step"]) == {1}
     # Probing every DRAFT_PROBE_EVERY steps would draft 12 times.
@@ -280,21 +287,10 @@ def test_cost_model_probes_rarely_where_the_heads_never_pay(model, tmp_path, mon
 
 def test_cost_model_recovers_from_a_slow_first_draft(model, tmp_path, monkeypatch):
     """A cold first draft (kernels loading on a GPU) must not switch speculation off for good."""
-    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
-    engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="cost_model", max_nodes=8))
+    any_tree_pays = [[1.0, 0.01, 0.01, 0.01], [2.0, 0.02, 0.02, 0.02]]
+    engine, drafted_at = cost_model_engine(model, tmp_path, monkeypatch, any_tree_pays)
     decoder = engine.decoder
-    prof = decoder.profile
-    prof.batch_sizes, prof.nodes = [1, 16], [1, 2, 4, 8]
-    prof.latency_s = [[1.0, 0.01, 0.01, 0.01], [2.0, 0.02, 0.02, 0.02]]  # any tree pays ...
     decoder.draft_s = 100.0  # ... unless drafting takes as long as this first one did
-    drafted_at = []
-    draft = decoder.draft
-
-    def counting_draft(state):
-        drafted_at.append(decoder.stats["verify_steps"])
-        return draft(state)
-
-    monkeypatch.setattr(decoder, "draft", counting_draft)
     out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=40))
     budgets = out.stats["budget_per_step"]
     # A rare probe re-measures drafting, after which every step drafts and speculates.
