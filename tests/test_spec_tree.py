@@ -61,6 +61,26 @@ def test_tree_is_connected_within_budget_and_differs_per_row(model, head_type):
     assert not torch.equal(tree.tokens[0], tree.tokens[1])  # sparse: each response its own tree
 
 
+@pytest.mark.parametrize("head_type", ["path", "medusa"])
+def test_drafting_fewer_nodes_gives_the_same_small_trees(model, head_type):
+    """A small budget drafts only the depths and widths its tree can use (cheaper at large
+    batches); the best-k trees for k up to that number must not change."""
+    heads = random_heads(model, head_type, seed=3)
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16], [3, 4]]
+    _, hidden, roots = prefix_state(model, prompts)
+    full = draft_candidates(heads, model, hidden, roots, max_drafts=9, log_calibration=torch.zeros(3),
+                            max_frontier=2)
+    for drafted in (1, 2, 3, 5):
+        bounded = draft_candidates(heads, model, hidden, roots, max_drafts=drafted,
+                                   log_calibration=torch.zeros(3), max_frontier=2)
+        assert int(bounded.depths.max()) <= drafted
+        assert torch.allclose(bounded.expected_tokens(drafted + 1), full.expected_tokens(drafted + 1))
+        for k in range(1, drafted + 1):
+            small, large = select_tree(bounded, k), select_tree(full, k)
+            for field in ("tokens", "parents", "depths", "valid"):
+                assert torch.equal(getattr(small, field), getattr(large, field)), (drafted, k, field)
+
+
 def test_tree_pass_logits_equal_plain_forward_on_each_path_and_compaction_matches_recompute(model):
     heads = random_heads(model, "path", seed=2)
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
@@ -261,9 +281,9 @@ def cost_model_engine(model, tmp_path, monkeypatch, latency_s) -> tuple[RolloutE
     drafted_at = []
     draft = decoder.draft
 
-    def counting_draft(state):
+    def counting_draft(state, max_drafts):
         drafted_at.append(decoder.stats["verify_steps"])
-        return draft(state)
+        return draft(state, max_drafts)
 
     monkeypatch.setattr(decoder, "draft", counting_draft)
     return engine, drafted_at

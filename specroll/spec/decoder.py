@@ -114,9 +114,9 @@ class SpecDecoder:
         return cost_model_budget(cands.expected_tokens(cfg.max_nodes), self.profile, active_rows,
                                  cfg.min_nodes, cfg.max_nodes, self.draft_s)
 
-    def draft(self, state: DecodeState):
+    def draft(self, state: DecodeState, max_drafts: int):
         return draft_candidates(self.heads, self.model, state.last_hidden, state.last_tokens,
-                                self.cfg.max_nodes - 1, self.log_calibration(), self.cfg.max_children,
+                                max_drafts, self.log_calibration(), self.cfg.max_children,
                                 self.cfg.max_frontier)
 
     @torch.inference_mode()
@@ -129,14 +129,14 @@ class SpecDecoder:
             # drafting (N_t = N_min) where the running estimates say drafting would not pay.
             cands, budget = None, self.cfg.min_nodes
             if self.cfg.min_nodes > 1 or self.drafting_may_pay(batch):
-                cands = self.draft(state)
+                cands = self.draft(state, self.cfg.max_nodes - 1)
                 self.note_drafted(cands, time.perf_counter() - t0)
                 budget = self.node_budget(batch, cands)
             else:
                 self.steps_since_draft += 1
         else:
             budget = self.node_budget(batch, None)
-            cands = self.draft(state) if budget > 1 else None
+            cands = self.draft(state, budget - 1) if budget > 1 else None
         tree = select_tree(cands, budget - 1) if budget > 1 else root_only_tree(batch, roots.device)
         t1 = time.perf_counter()
 

@@ -4,7 +4,10 @@ A node's score is its estimated log-probability of being accepted: the sum along
 of (head log-probability + per-depth calibration), never above its parent's. Drafting goes
 depth by depth over a frontier, batched over rows; the tree is then the best `num_drafts`
 candidates. Because a child always ranks below its parent, any best-k prefix is a connected
-tree, so one drafting pass serves every budget up to the maximum.
+tree, so one drafting pass serves every budget up to the maximum. Drafting fewer nodes
+yields the same best-k trees for every k up to that number (each of those nodes ranks among
+the best k of its depth, its parent among the frontier), and a tree of k drafts is at most
+k deep: a small budget drafts only the depths and widths its tree can use.
 
 Indexing: in a verify pass node 0 is the root (the last sampled token, not yet cached) and
 draft node i (0-based) sits at index i + 1. Parents point into that combined indexing.
@@ -57,7 +60,8 @@ class DraftTree:
 @torch.no_grad()
 def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, max_drafts: int,
                      log_calibration: torch.Tensor, max_children: int = 8, max_frontier: int = 4) -> Candidates:
-    """Draft up to `max_drafts` nodes per depth for each row from its own heads.
+    """Draft up to `max_drafts` nodes per depth, to depth min(H, max_drafts), for each row
+    from its own heads.
 
     Only the `max_frontier` best nodes of a depth get children: with path heads every
     expanded node costs an LM-head product, the dominant drafting cost.
@@ -75,7 +79,7 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
     next_id = 0
     lm_head = model.lm_head.weight  # the policy's own, read every call, so drafts follow its updates
     width = min(width, heads.draft_vocab_size(lm_head))
-    for d in range(heads.num_heads):
+    for d in range(min(heads.num_heads, max_drafts)):
         if heads.head_type == "medusa":
             # A medusa head ignores the path: one distribution per row serves the whole depth.
             states = heads.step(d, None, hidden[:, None], None)
