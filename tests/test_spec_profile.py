@@ -62,12 +62,17 @@ def test_measure_profile_times_every_cell_and_the_cache_round_trips(tmp_path, mo
 def test_drafting_time_counts_against_speculation():
     prof = table_profile([[100, 110, 120, 140], [120, 140, 160, 200], [200, 300, 400, 600]])
     gains = torch.tensor([[1.0, 1.3, 1.5, 1.6, 1.65, 1.7, 1.72, 1.74]])
-    assert cost_model_budget(gains, prof, 1, 1, 8, draft_s=0.0) == 4
-    assert cost_model_budget(gains, prof, 1, 1, 8, draft_s=0.060) == 1  # 1.6 / 0.18 < 1 / 0.1
+    assert cost_model_budget(gains, prof, 1, 1, 8) == 4
+    full_draft = [0.0] + [0.060] * 7  # seconds of drafting for trees of 1..8 nodes
+    assert cost_model_budget(gains, prof, 1, 1, 8, full_draft) == 1  # 1.6 / 0.18 < 1 / 0.1
+    # Small trees draft fewer depths: cheap enough, they pay where the full tree does not.
+    by_depth = [0.0, 0.005, 0.010] + [0.060] * 5
+    assert cost_model_budget(gains, prof, 1, 1, 8, by_depth) == 3  # 1.5 / 0.125 > 1.3 / 0.115 > 1 / 0.1
+    assert cost_model_budget(gains[:, :2], prof, 1, 1, 8, by_depth) == 2  # no estimate beyond 2 nodes
     # Batch 16: 2 nodes cost 1.5x one step, so a perfect draft (2 tokens) would pay ...
-    assert speculation_may_pay(prof, 16, 8, max_depth=4, draft_s=0.0)
-    assert not speculation_may_pay(prof, 16, 8, max_depth=4, draft_s=0.8)  # ... but not after 800 ms of drafting
+    assert speculation_may_pay(prof, 16, 8, max_depth=4)
+    assert not speculation_may_pay(prof, 16, 8, max_depth=4, drafting_s=[0.0] + [0.8] * 7)  # ... but not after 800 ms
     # Where every node costs more than a whole plain step, nothing can pay: no drafting at all.
     steep = table_profile([[100, 110, 120, 140], [120, 140, 160, 200], [200, 450, 900, 1800]])
-    assert not speculation_may_pay(steep, 16, 8, max_depth=4, draft_s=0.0)
-    assert speculation_may_pay(steep, 1, 8, max_depth=4, draft_s=0.0)
+    assert not speculation_may_pay(steep, 16, 8, max_depth=4)
+    assert speculation_may_pay(steep, 1, 8, max_depth=4)

@@ -7,7 +7,7 @@ import torch
 from specroll.models import KVCache, build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import HorizonHeads, SpecConfig, draft_candidates, select_tree, tree_attention_mask
-from specroll.spec.decoder import DRAFT_PROBE_EVERY, RARE_PROBE_EVERY
+from specroll.spec.decoder import DRAFT_PROBE_EVERY, RARE_PROBE_EVERY, blend
 from specroll.spec.verify import verify_tree
 
 
@@ -240,15 +240,15 @@ def test_cost_model_budget_speculates_where_it_pays_and_stays_exact_in_greedy(mo
     out = engine.generate(prompts, params)
     assert out.token_ids == RolloutEngine(model).generate(prompts, params).token_ids
     assert all(1 <= b <= 8 for b in out.stats["budget_per_step"])
-    assert engine.decoder.draft_s > 0  # drafting was timed for the cost model
+    assert max(engine.decoder.draft_s) > 0  # drafting was timed for the cost model
 
     # A profile where every extra node costs a whole step: drafting never pays, so it never runs.
     prof = engine.decoder.profile
     prof.latency_s = [[row[0] * n for n in prof.nodes] for row in prof.latency_s]
-    engine.decoder.draft_s = 0.0
+    engine.decoder.draft_s = [0.0] * 4
     engine.decoder.set_heads(heads)
     out = engine.generate(prompts, params)
-    assert set(out.stats["budget_per_step"]) == {1} and engine.decoder.draft_s == 0.0
+    assert set(out.stats["budget_per_step"]) == {1} and max(engine.decoder.draft_s) == 0.0
 
 
 def test_cost_model_drafts_only_where_the_last_estimates_say_it_pays(model, tmp_path, monkeypatch):
@@ -257,17 +257,45 @@ def test_cost_model_drafts_only_where_the_last_estimates_say_it_pays(model, tmp_
     prof = decoder.profile
     prof.batch_sizes, prof.nodes = [1, 16], [1, 2, 4, 8]
     prof.latency_s = [[0.100, 0.105, 0.110, 0.120], [0.200, 0.300, 0.400, 0.600]]
-    assert decoder.drafting_may_pay(1)  # nothing drafted yet: draft to find out
+    assert decoder.planned_drafts(1) == 7  # nothing drafted yet: the full tree, to find out
     good = torch.tensor([1.0, 1.4, 1.6, 1.7, 1.75, 1.8, 1.85, 1.9])
     decoder.expected_per_row, decoder.typical_per_row = good, good
-    assert decoder.drafting_may_pay(1) and not decoder.drafting_may_pay(16)  # pays alone, not at batch 16
+    assert decoder.planned_drafts(1) == 7 and decoder.planned_drafts(16) == 0  # pays alone, not at batch 16
     decoder.expected_per_row = torch.ones(8)  # the last drafts were never accepted
-    assert not decoder.drafting_may_pay(1)
-    decoder.steps_since_draft = DRAFT_PROBE_EVERY
-    assert decoder.drafting_may_pay(1)  # the heads usually pay alone: a frequent probe
-    assert not decoder.drafting_may_pay(16)  # not even usually at batch 16: a rare probe
-    decoder.steps_since_draft = RARE_PROBE_EVERY
-    assert decoder.drafting_may_pay(16)
+    assert decoder.planned_drafts(1) == 0
+    decoder.steps_since_full_draft = DRAFT_PROBE_EVERY
+    assert decoder.planned_drafts(1) == 7  # the heads usually pay alone: a frequent probe
+    assert decoder.planned_drafts(16) == 0  # not even usually at batch 16: a rare probe
+    decoder.steps_since_full_draft = RARE_PROBE_EVERY
+    assert decoder.planned_drafts(16) == 7
+
+
+def test_cost_model_drafts_only_the_tree_it_plans(model, tmp_path, monkeypatch):
+    """Where a small tree is best, a step drafts only that tree's depths; larger trees are
+    re-estimated by a full draft every RARE_PROBE_EVERY steps."""
+    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
+    decoder = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="cost_model", max_nodes=8)).decoder
+    prof = decoder.profile
+    prof.batch_sizes, prof.nodes = [1, 16], [1, 2, 4, 8]
+    prof.latency_s = [[0.100, 0.105, 0.110, 0.120], [0.200, 0.270, 0.400, 0.600]]
+    good = torch.tensor([1.0, 1.4, 1.6, 1.7, 1.75, 1.8, 1.85, 1.9])
+    decoder.expected_per_row, decoder.typical_per_row = good, good
+    assert decoder.planned_drafts(16) == 1  # 1.4 / 0.27 beats 1 / 0.2 and 1.6 / 0.335
+    decoder.draft_s = [0.0, 0.0, 0.0, 0.0, 0.050]  # a full draft (4 depths) took 50 ms
+    assert decoder.drafting_s() == pytest.approx([0.0, 0.0125, 0.025, 0.0375] + [0.050] * 4)  # scaled by depth
+    assert decoder.planned_drafts(16) == 0  # with its depth's share of that, even 2 nodes would not pay
+    decoder.draft_s[1] = 0.002  # but a one-depth draft was measured at 2 ms
+    assert decoder.planned_drafts(16) == 1
+    decoder.steps_since_full_draft = DRAFT_PROBE_EVERY
+    assert decoder.planned_drafts(16) == 1  # a tree is planned: larger ones are probed rarely
+    decoder.steps_since_full_draft = RARE_PROBE_EVERY
+    assert decoder.planned_drafts(16) == 7
+
+
+def test_estimates_of_larger_trees_follow_the_largest_drafted_one():
+    average = torch.tensor([1.0, 1.5, 1.8, 2.0])
+    assert torch.allclose(blend(average, torch.tensor([1.0, 1.7]), 0.5), torch.tensor([1.0, 1.6, 1.9, 2.1]))
+    assert torch.allclose(blend(average, torch.tensor([1.0, 1.1, 1.2, 1.4]), 0.5), torch.tensor([1.0, 1.3, 1.5, 1.7]))
 
 
 def cost_model_engine(model, tmp_path, monkeypatch, latency_s) -> tuple[RolloutEngine, list[int]]:
@@ -310,10 +338,10 @@ def test_cost_model_recovers_from_a_slow_first_draft(model, tmp_path, monkeypatc
     any_tree_pays = [[1.0, 0.01, 0.01, 0.01], [2.0, 0.02, 0.02, 0.02]]
     engine, drafted_at = cost_model_engine(model, tmp_path, monkeypatch, any_tree_pays)
     decoder = engine.decoder
-    decoder.draft_s = 100.0  # ... unless drafting takes as long as this first one did
+    decoder.draft_s = [0.0] + [100.0] * decoder.heads.num_heads  # ... unless drafting takes as long as this first one did
     out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=40))
     budgets = out.stats["budget_per_step"]
     # A rare probe re-measures drafting, after which every step drafts and speculates.
     assert drafted_at[0] == RARE_PROBE_EVERY and set(budgets[:RARE_PROBE_EVERY]) == {1}
     assert drafted_at == list(range(RARE_PROBE_EVERY, len(budgets))) and min(budgets[RARE_PROBE_EVERY:]) > 1
-    assert decoder.draft_s < 1.0
+    assert max(decoder.drafting_s()) < 1.0

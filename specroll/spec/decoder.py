@@ -41,13 +41,16 @@ def initial_heads(model, cfg: SpecConfig) -> HorizonHeads:
     return HorizonHeads.for_model(model, cfg.head_type, cfg.num_heads)
 
 
-# With the cost model, a step that skips drafting (it would not pay) still drafts now and
-# then as a probe, to notice when acceptance makes speculation worth it again. Where the
-# heads' typical acceptance (a slow average) would pay at this batch size, a dip is likely
-# passing: probe every DRAFT_PROBE_EVERY steps (rarer probes kept a batch-1 run from
-# speculating for much of its length). Where not even that would pay, probe every
+# With the cost model, the running estimates plan each step's budget before it drafts, so
+# a step drafts only what that tree can use (at 32 rows on a CPU a 2-node tree drafts in
+# 6 ms, the full tree in 54 ms). The estimates for larger trees (or for any tree, where
+# none pays) are refreshed by probes that draft the full tree now and then. Where no tree
+# is planned but the heads' typical acceptance (a slow average) would pay at this batch
+# size, a dip is likely passing: probe every DRAFT_PROBE_EVERY steps (rarer probes kept a
+# batch-1 run from speculating for much of its length). Elsewhere probe every
 # RARE_PROBE_EVERY: at 64 rows on a CPU a probe costs ~15% of a step, and probing every 4
-# steps cost 3.5% of a run that never speculated.
+# steps cost 3.5% of a run that never speculated; at 8 rows, full probes every 4 steps
+# doubled the drafting time of runs that planned 2-node trees.
 DRAFT_PROBE_EVERY = 4
 RARE_PROBE_EVERY = 16
 TYPICAL_MOMENTUM = 0.98
@@ -65,7 +68,8 @@ class SpecDecoder:
         if cfg.budget == "cost_model" or (cfg.budget == "concurrency" and cfg.capacity is None):
             self.profile = get_profile(model, cfg.profile_cache_len)
         self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
-        self.draft_s = 0.0  # cost model: EMA of one drafting call's seconds
+        # Cost model: EMA of drafting seconds by the depth drafted (index 0: no drafting).
+        self.draft_s = [0.0] * (self.heads.num_heads + 1)
         self.reset_stats()
 
     def set_heads(self, heads: HorizonHeads) -> None:
@@ -78,7 +82,7 @@ class SpecDecoder:
         # Cost model: EMA over drafted steps of the mean expected tokens per row for N = 1..max_nodes.
         self.expected_per_row: torch.Tensor | None = None
         self.typical_per_row: torch.Tensor | None = None  # the same, averaged slowly
-        self.steps_since_draft = 0
+        self.steps_since_full_draft = 0
 
     def reset_stats(self) -> None:
         self.stats = {"tokens_per_step": Counter(), "budget_per_step": [], "accepted_by_depth": [0] * self.heads.num_heads,
@@ -105,14 +109,12 @@ class SpecDecoder:
     def log_calibration(self) -> torch.Tensor:
         return (self.observed / self.predicted).log()
 
-    def node_budget(self, active_rows: int, cands) -> int:
+    def node_budget(self, active_rows: int) -> int:
+        """N_t of the budgets that need no drafts to decide it."""
         cfg = self.cfg
         if cfg.budget == "fixed":
             return cfg.fixed_nodes
-        if cfg.budget == "concurrency":
-            return concurrency_budget(self.capacity, active_rows, cfg.min_nodes, cfg.max_nodes)
-        return cost_model_budget(cands.expected_tokens(cfg.max_nodes), self.profile, active_rows,
-                                 cfg.min_nodes, cfg.max_nodes, self.draft_s)
+        return concurrency_budget(self.capacity, active_rows, cfg.min_nodes, cfg.max_nodes)
 
     def draft(self, state: DecodeState, max_drafts: int):
         return draft_candidates(self.heads, self.model, state.last_hidden, state.last_tokens,
@@ -125,17 +127,18 @@ class SpecDecoder:
         batch = state.last_tokens.shape[0]
         roots = state.last_tokens
         if self.cfg.budget == "cost_model":
-            # The cost model picks N_t from the candidates' acceptance estimates; it skips
-            # drafting (N_t = N_min) where the running estimates say drafting would not pay.
-            cands, budget = None, self.cfg.min_nodes
-            if self.cfg.min_nodes > 1 or self.drafting_may_pay(batch):
-                cands = self.draft(state, self.cfg.max_nodes - 1)
-                self.note_drafted(cands, time.perf_counter() - t0)
-                budget = self.node_budget(batch, cands)
+            # The running estimates say how many nodes to draft (none where drafting would not
+            # pay); this step's drafts then pick N_t, never above what was drafted.
+            drafts, cands, budget = self.planned_drafts(batch), None, self.cfg.min_nodes
+            if drafts > 0:
+                cands = self.draft(state, drafts)
+                self.note_drafted(cands, drafts, time.perf_counter() - t0)
+                budget = cost_model_budget(cands.expected_tokens(drafts + 1), self.profile, batch,
+                                           self.cfg.min_nodes, drafts + 1, self.drafting_s())
             else:
-                self.steps_since_draft += 1
+                self.steps_since_full_draft += 1
         else:
-            budget = self.node_budget(batch, None)
+            budget = self.node_budget(batch)
             cands = self.draft(state, budget - 1) if budget > 1 else None
         tree = select_tree(cands, budget - 1) if budget > 1 else root_only_tree(batch, roots.device)
         t1 = time.perf_counter()
@@ -163,43 +166,65 @@ class SpecDecoder:
         self.stats["time_bookkeeping_s"] += time.perf_counter() - t2
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
 
-    def drafting_may_pay(self, batch: int) -> bool:
-        """Cost model: draft where the running per-row acceptance estimates say some N > 1
-        beats plain decoding at this batch size, probe now and then where they do not (see
-        DRAFT_PROBE_EVERY), and never draft where not even perfect drafts could pay."""
-        cfg = self.cfg
-        depth = self.heads.num_heads
-        if not speculation_may_pay(self.profile, batch, cfg.max_nodes, depth, self.draft_s):
+    def planned_drafts(self, batch: int) -> int:
+        """Cost model: how many nodes this step drafts (0: a plain step). The best budget by
+        the running estimates, or the full tree as a probe (see DRAFT_PROBE_EVERY); none where
+        not even perfect drafts could pay."""
+        cfg, full = self.cfg, self.cfg.max_nodes - 1
+        least = cfg.min_nodes - 1
+        if not speculation_may_pay(self.profile, batch, cfg.max_nodes, self.heads.num_heads, self.drafting_s()):
             # Where only the measured drafting time rules speculation out, still probe rarely:
             # that time can fall (a first draft on a GPU loads kernels; on an H200, an estimate
             # seeded by the warm-up's draft kept a whole benchmark from ever drafting again).
-            return (self.draft_s > 0 and self.steps_since_draft >= RARE_PROBE_EVERY
-                    and speculation_may_pay(self.profile, batch, cfg.max_nodes, depth, 0.0))
-        if self.expected_per_row is None or self.pays(self.expected_per_row, batch):
-            return True
-        probe_every = DRAFT_PROBE_EVERY if self.pays(self.typical_per_row, batch) else RARE_PROBE_EVERY
-        return self.steps_since_draft >= probe_every
+            probe = (max(self.draft_s) > 0 and self.steps_since_full_draft >= RARE_PROBE_EVERY
+                     and speculation_may_pay(self.profile, batch, cfg.max_nodes, self.heads.num_heads))
+            return full if probe else least
+        if self.expected_per_row is None:
+            return full  # nothing drafted yet: draft to find out
+        planned = max(self.best_budget(self.expected_per_row, batch) - 1, least)
+        if planned == full:
+            return full
+        if planned > 0:  # its own drafts keep this tree's estimates fresh; larger ones can wait
+            probe_every = RARE_PROBE_EVERY
+        elif self.best_budget(self.typical_per_row, batch) > 1:
+            probe_every = DRAFT_PROBE_EVERY
+        else:
+            probe_every = RARE_PROBE_EVERY
+        return full if self.steps_since_full_draft >= probe_every else planned
 
-    def pays(self, expected_per_row: torch.Tensor, batch: int) -> bool:
-        """Whether some N > 1 beats plain decoding for `batch` rows expecting these tokens."""
+    def best_budget(self, expected_per_row: torch.Tensor, batch: int) -> int:
+        """The N that `batch` rows expecting these tokens per N would get."""
         expected = expected_per_row.expand(batch, -1)
-        return cost_model_budget(expected, self.profile, batch, 1, self.cfg.max_nodes, self.draft_s) > 1
+        return cost_model_budget(expected, self.profile, batch, 1, self.cfg.max_nodes, self.drafting_s())
 
-    def note_drafted(self, cands, seconds: float) -> None:
+    def drafting_s(self) -> list[float]:
+        """Estimated drafting seconds for trees of 1..max_nodes nodes (a tree of n nodes drafts
+        min(n - 1, H) depths): the EMA for that depth, else the full tree's scaled by depth."""
+        full_depth = min(self.heads.num_heads, self.cfg.max_nodes - 1)
+        full = self.draft_s[full_depth]
+        out = [0.0]
+        for n in range(2, self.cfg.max_nodes + 1):
+            d = min(n - 1, full_depth)
+            # Never above the full tree's (refreshed by every probe): a cold first draft at
+            # some depth must not keep that depth from being drafted again.
+            out.append(min(self.draft_s[d], full) if self.draft_s[d] and full else full * d / full_depth)
+        return out
+
+    def note_drafted(self, cands, drafts: int, seconds: float) -> None:
         """Update the cost model's EMAs of drafting time and of expected tokens per row (one
         step's drafts say little about the next ones: confidence varies per token)."""
         m = COST_MODEL_MOMENTUM
-        if not self.draft_s or seconds < self.draft_s / 2:
-            self.draft_s = seconds  # first, or after a cold start: averaging would keep it high for long
-        else:
-            self.draft_s = m * self.draft_s + (1 - m) * seconds
-        expected = cands.expected_tokens(self.cfg.max_nodes).mean(dim=0)
+        depth = min(drafts, self.heads.num_heads)
+        old = self.draft_s[depth]
+        # The first, or after a cold start: averaging would keep it high for long.
+        self.draft_s[depth] = seconds if not old or seconds < old / 2 else m * old + (1 - m) * seconds
+        expected = cands.expected_tokens(drafts + 1).mean(dim=0)
         if self.expected_per_row is None:
             self.expected_per_row, self.typical_per_row = expected, expected
         else:
-            self.expected_per_row = m * self.expected_per_row + (1 - m) * expected
-            self.typical_per_row = TYPICAL_MOMENTUM * self.typical_per_row + (1 - TYPICAL_MOMENTUM) * expected
-        self.steps_since_draft = 0
+            self.expected_per_row = blend(self.expected_per_row, expected, m)
+            self.typical_per_row = blend(self.typical_per_row, expected, TYPICAL_MOMENTUM)
+        self.steps_since_full_draft = 0 if drafts == self.cfg.max_nodes - 1 else self.steps_since_full_draft + 1
 
     def update_calibration(self, verdict) -> None:
         """Per depth: EMA of accepted rate vs the head mass drafted under the reached node."""
@@ -225,3 +250,12 @@ class SpecDecoder:
         for d, (a, r) in enumerate(zip(acc.sum(0).tolist(), reached.sum(0).tolist())):
             s["accepted_by_depth"][d] += a
             s["reached_by_depth"][d] += r
+
+
+def blend(average: torch.Tensor, observed: torch.Tensor, momentum: float) -> torch.Tensor:
+    """EMA step of expected tokens per tree size where `observed` covers only the smaller
+    trees (a step drafted for its planned tree): the larger trees' estimates move by as much
+    as the largest observed one, so a plan can grow as confidence rises without a probe."""
+    covered = min(len(observed), len(average))
+    head = momentum * average[:covered] + (1 - momentum) * observed[:covered]
+    return torch.cat((head, average[covered:] + (head[-1] - average[covered - 1])))
