@@ -63,6 +63,8 @@ def test_drafting_time_counts_against_speculation():
     prof = table_profile([[100, 110, 120, 140], [120, 140, 160, 200], [200, 300, 400, 600]])
     gains = torch.tensor([[1.0, 1.3, 1.5, 1.6, 1.65, 1.7, 1.72, 1.74]])
     assert cost_model_budget(gains, prof, 1, 1, 8) == 4
+    # Rates by N: 10.0, 11.8, 13.0, 13.3, 13.2, 13.1, 12.7, 12.4 per second: within 5% of the best, 7 is the largest.
+    assert cost_model_budget(gains, prof, 1, 1, 8, slack=0.95) == 7
     full_draft = [0.0] + [0.060] * 7  # seconds of drafting for trees of 1..8 nodes
     assert cost_model_budget(gains, prof, 1, 1, 8, full_draft) == 1  # 1.6 / 0.18 < 1 / 0.1
     # Small trees draft fewer depths: cheap enough, they pay where the full tree does not.

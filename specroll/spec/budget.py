@@ -22,17 +22,17 @@ def concurrency_budget(capacity: int, active_rows: int, min_nodes: int, max_node
 
 
 def cost_model_budget(expected_tokens: torch.Tensor, profile: HardwareProfile, active_rows: int,
-                      min_nodes: int, max_nodes: int, drafting_s: Sequence[float] | None = None) -> int:
-    """argmax_N  sum_b E[tokens_b | N] / (T(B, N) + drafting time for N);
+                      min_nodes: int, max_nodes: int, drafting_s: Sequence[float] | None = None,
+                      slack: float = 1.0) -> int:
+    """argmax_N  sum_b E[tokens_b | N] / (T(B, N) + drafting time for N), or with slack < 1 the
+    largest N whose rate is within that factor of the best;
     expected_tokens [B, K] for N = 1..K (N is capped at K and max_nodes);
     drafting_s[N - 1]: seconds to draft a tree of N nodes (None: drafting is free)."""
     total = expected_tokens.sum(dim=0).tolist()  # one host sync, not one per N
-    best_n, best_rate = min_nodes, -1.0
-    for n in range(min_nodes, min(max_nodes, len(total)) + 1):
-        rate = total[n - 1] / (profile.latency(active_rows, n) + drafting_time(drafting_s, n))
-        if rate > best_rate:
-            best_n, best_rate = n, rate
-    return best_n
+    rates = {n: total[n - 1] / (profile.latency(active_rows, n) + drafting_time(drafting_s, n))
+             for n in range(min_nodes, min(max_nodes, len(total)) + 1)}
+    best = max(rates.values())
+    return max(n for n, rate in rates.items() if rate >= slack * best)
 
 
 def speculation_may_pay(profile: HardwareProfile, active_rows: int, max_nodes: int, max_depth: int,

@@ -51,6 +51,11 @@ def initial_heads(model, cfg: SpecConfig) -> HorizonHeads:
 # RARE_PROBE_EVERY: at 64 rows on a CPU a probe costs ~15% of a step, and probing every 4
 # steps cost 3.5% of a run that never speculated; at 8 rows, full probes every 4 steps
 # doubled the drafting time of runs that planned 2-node trees.
+# Where a tree pays, the plan is the largest one whose estimated rate is within PLAN_SLACK of the best:
+# each step's own drafts then pick a smaller tree, or a larger one where they are confident
+# (at batch 1 on a CPU trees of 2 to 16 nodes estimate within a few % of each other, and
+# planning the best one, often 2 nodes, fell from 1.9 to 1.4 tokens per verify step).
+PLAN_SLACK = 0.9
 DRAFT_PROBE_EVERY = 4
 RARE_PROBE_EVERY = 16
 TYPICAL_MOMENTUM = 0.98
@@ -181,7 +186,8 @@ class SpecDecoder:
             return full if probe else least
         if self.expected_per_row is None:
             return full  # nothing drafted yet: draft to find out
-        planned = max(self.best_budget(self.expected_per_row, batch) - 1, least)
+        pays = self.best_budget(self.expected_per_row, batch) > 1
+        planned = max(self.best_budget(self.expected_per_row, batch, PLAN_SLACK) - 1 if pays else 0, least)
         if planned == full:
             return full
         if planned > 0:  # its own drafts keep this tree's estimates fresh; larger ones can wait
@@ -192,10 +198,10 @@ class SpecDecoder:
             probe_every = RARE_PROBE_EVERY
         return full if self.steps_since_full_draft >= probe_every else planned
 
-    def best_budget(self, expected_per_row: torch.Tensor, batch: int) -> int:
-        """The N that `batch` rows expecting these tokens per N would get."""
+    def best_budget(self, expected_per_row: torch.Tensor, batch: int, slack: float = 1.0) -> int:
+        """The N that `batch` rows expecting these tokens per N would get (see cost_model_budget)."""
         expected = expected_per_row.expand(batch, -1)
-        return cost_model_budget(expected, self.profile, batch, 1, self.cfg.max_nodes, self.drafting_s())
+        return cost_model_budget(expected, self.profile, batch, 1, self.cfg.max_nodes, self.drafting_s(), slack)
 
     def drafting_s(self) -> list[float]:
         """Estimated drafting seconds for trees of 1..max_nodes nodes (a tree of n nodes drafts
