@@ -172,9 +172,9 @@ class SpecDecoder:
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
 
     def planned_drafts(self, batch: int) -> int:
-        """Cost model: how many nodes this step drafts (0: a plain step). The best budget by
-        the running estimates, or the full tree as a probe (see DRAFT_PROBE_EVERY); none where
-        not even perfect drafts could pay."""
+        """Cost model: how many nodes this step drafts (0: a plain step). Where a tree pays by
+        the running estimates, the largest one within PLAN_SLACK of the best; now and then the
+        full tree as a probe (see DRAFT_PROBE_EVERY); none where not even perfect drafts could pay."""
         cfg, full = self.cfg, self.cfg.max_nodes - 1
         least = cfg.min_nodes - 1
         if not speculation_may_pay(self.profile, batch, cfg.max_nodes, self.heads.num_heads, self.drafting_s()):
