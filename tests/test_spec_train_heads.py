@@ -225,7 +225,7 @@ def test_trained_heads_accept_more_tokens_per_step(trained, policy, prompts, hel
 def init_args(**given):
     import argparse
 
-    return argparse.Namespace(**({"init_heads": None, "head_type": "path", "num_heads": 4} | given))
+    return argparse.Namespace(**({"init_heads": None, "head_type": "path", "num_heads": 4, "head_layers": None} | given))
 
 
 def test_warm_start_takes_the_given_heads(trained, policy, tmp_path):
@@ -241,6 +241,28 @@ def test_warm_start_takes_the_given_heads(trained, policy, tmp_path):
     # An alias means that model's shipped heads: SmolLM2's, which this tiny policy refuses.
     with pytest.raises(ValueError, match="were made for model .*smollm2-135m-instruct"):
         initial_heads(policy, init_args(init_heads="smollm2-135m-instruct"))
+
+
+def test_deepened_heads_draft_as_before_then_train_their_new_layers(trained, policy, samples, tmp_path):
+    _, heads, _ = trained["path"]
+    heads.save(tmp_path / "heads.safetensors")
+    deep = initial_heads(policy, init_args(init_heads=str(tmp_path / "heads.safetensors"), head_layers=3))
+    assert deep.num_layers == 3 and len(deep.layers[0]) == 2
+    hidden = torch.randn(5, policy.config.hidden_size)
+    emb = policy.embed_tokens(torch.randint(0, 64, (5, 4)))
+    assert torch.equal(deep.all_states(hidden, emb), heads.all_states(hidden, emb))  # untrained layers: identity
+    with pytest.raises(ValueError, match="has 3 layers per head; --head-layers 2 would drop trained ones"):
+        deep.save(tmp_path / "deep.safetensors")
+        initial_heads(policy, init_args(init_heads=str(tmp_path / "deep.safetensors"), head_layers=2))
+
+    train, heldout = samples
+    cfg = HeadTrainConfig(epochs=1, lr=3e-2, batch_positions=128, eval_every=1000)
+    train_heads(policy, deep, train, cfg, heldout, progress=False, log=lambda _: None)
+    assert all(float(layer.weight.abs().sum()) > 0 for head in deep.layers for layer in head)
+    deep.save(tmp_path / "trained.safetensors")
+    loaded = HorizonHeads.load(tmp_path / "trained.safetensors", policy)
+    assert loaded.num_layers == 3 and torch.equal(loaded.all_states(hidden, emb), deep.all_states(hidden, emb))
+    assert not torch.equal(loaded.all_states(hidden, emb), heads.all_states(hidden, emb))
 
 
 def test_frequent_tokens_are_the_most_common_response_tokens():

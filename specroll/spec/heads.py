@@ -8,11 +8,16 @@ residual block in hidden space.
 - `path`  : `s_k = s_{k-1} + SiLU(A_k [s_{k-1}; e(x_{t+k})] + b_k)`, `s_0 = h` (Hydra-style):
   the draft of depth k reads the tokens on its tree path, so children follow the sampled token.
 
-A_k and b_k start at zero, so an untrained head drafts the policy's next-token distribution.
+`num_layers` > 1 adds residual layers `s <- s + SiLU(W s + c)` after that block in every head
+(Hydra++'s deeper heads): one block is a single nonlinearity over [state; token], which
+stopped improving with more data (see the README's head figures).
+
+All weights start at zero, so an untrained head drafts the policy's next-token distribution,
+and layers added to trained heads leave their drafts unchanged until trained.
 
 Draft vocabulary: heads may carry the ids of the tokens they draft among (the policy's most
 frequent output tokens, found by head pretraining). Each drafting LM-head product then reads
-only those rows (on SmolLM2 at most 8192 of 49152 rows). Exactness does not depend on
+only those rows (on SmolLM2 1024 of 49152 rows by default). Exactness does not depend on
 it: drafts are only proposals that verification accepts or rejects.
 """
 from __future__ import annotations
@@ -29,7 +34,7 @@ from torch import nn
 from ..models.prepacked_linear import PackedWeight, PrepackedLinear, packed_linear, set_prepacked, uses_packed_weight
 
 HEAD_TYPES = ("medusa", "path")
-FORMAT_VERSION = 2  # 2: optional draft vocabulary
+FORMAT_VERSION = 3  # 2: optional draft vocabulary; 3: residual layers per head
 
 
 def model_fingerprint(model_config) -> str:
@@ -47,27 +52,49 @@ class HeadsMeta:
     base_model_name: str = ""  # informational: alias / path of that policy
     version: int = 0  # bumped by every published head update
     format_version: int = FORMAT_VERSION
+    num_layers: int = 1  # the first block plus residual hidden-to-hidden layers
 
 
 class HorizonHeads(nn.Module):
-    def __init__(self, head_type: str, num_heads: int, hidden_size: int) -> None:
+    def __init__(self, head_type: str, num_heads: int, hidden_size: int, num_layers: int = 1) -> None:
         super().__init__()
         if head_type not in HEAD_TYPES:
             raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {head_type!r}")
         if num_heads < 1:
             raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         self.head_type, self.num_heads, self.hidden_size = head_type, num_heads, hidden_size
+        self.num_layers = num_layers
         in_features = hidden_size if head_type == "medusa" else 2 * hidden_size
         self.blocks = nn.ModuleList(PrepackedLinear(in_features, hidden_size) for _ in range(num_heads))
-        for block in self.blocks:
-            nn.init.zeros_(block.weight)
-            nn.init.zeros_(block.bias)
+        # Per head, the residual layers after its block (empty lists for one-layer heads,
+        # so their state dicts are those of format 2).
+        self.layers = nn.ModuleList(nn.ModuleList(PrepackedLinear(hidden_size, hidden_size) for _ in range(num_layers - 1))
+                                    for _ in range(num_heads))
+        for linear in self.linears():
+            nn.init.zeros_(linear.weight)
+            nn.init.zeros_(linear.bias)
         self.register_buffer("draft_vocab", None)  # [V'] token ids, or None: the whole vocabulary
         self.version = 0
         self.base_model_name = ""
         self.base_model = ""
         self.prepacked = False
         self._packed_draft_lm_head = PackedWeight()
+
+    def linears(self) -> list[PrepackedLinear]:
+        return [*self.blocks, *(layer for head in self.layers for layer in head)]
+
+    def deepened(self, num_layers: int) -> "HorizonHeads":
+        """These heads with zero-initialised residual layers added up to `num_layers`: they
+        draft exactly as these do until trained (a warm start for deeper heads)."""
+        if num_layers < self.num_layers:
+            raise ValueError(f"heads have {self.num_layers} layers; cannot deepen them to {num_layers}")
+        p = self.blocks[0].weight
+        deeper = HorizonHeads(self.head_type, self.num_heads, self.hidden_size, num_layers).to(device=p.device, dtype=p.dtype)
+        deeper.load_state_dict(self.state_dict(), strict=False)
+        deeper.version, deeper.base_model, deeper.base_model_name = self.version, self.base_model, self.base_model_name
+        return deeper
 
     def use_prepacked_linears(self, enabled: bool = True) -> "HorizonHeads":
         """CPU drafting multiplies by prepacked weights (see `models.prepacked_linear`)."""
@@ -112,8 +139,12 @@ class HorizonHeads(nn.Module):
         """Hidden-space state of head k (0-based) from its parent's state (path) or h (medusa)."""
         block = self.blocks[k]
         if self.head_type == "medusa":
-            return hidden + F.silu(block(hidden))
-        return state + F.silu(block(torch.cat((state, token_emb), dim=-1)))
+            state = hidden + F.silu(block(hidden))
+        else:
+            state = state + F.silu(block(torch.cat((state, token_emb), dim=-1)))
+        for layer in self.layers[k]:
+            state = state + F.silu(layer(state))
+        return state
 
     def all_states(self, hidden: torch.Tensor, path_emb: torch.Tensor | None) -> torch.Tensor:
         """States of all heads along known paths (training): hidden [..., D], path_emb [..., H, D]."""
@@ -126,7 +157,7 @@ class HorizonHeads(nn.Module):
     # -- persistence ----------------------------------------------------------------------
     def meta(self) -> HeadsMeta:
         return HeadsMeta(self.head_type, self.num_heads, self.hidden_size, self.base_model,
-                         self.base_model_name, self.version)
+                         self.base_model_name, self.version, num_layers=self.num_layers)
 
     def save(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
         """Write weights in `dtype` (bfloat16 halves the file; `load` casts to the policy's dtype)."""
@@ -139,8 +170,8 @@ class HorizonHeads(nn.Module):
         tmp.replace(path)
 
     @classmethod
-    def for_model(cls, model, head_type: str = "path", num_heads: int = 4) -> "HorizonHeads":
-        heads = cls(head_type, num_heads, model.config.hidden_size)
+    def for_model(cls, model, head_type: str = "path", num_heads: int = 4, num_layers: int = 1) -> "HorizonHeads":
+        heads = cls(head_type, num_heads, model.config.hidden_size, num_layers)
         heads.base_model = model_fingerprint(model.config)
         heads.base_model_name = model.config.name
         p = next(model.parameters())
@@ -171,7 +202,7 @@ class HorizonHeads(nn.Module):
                 f"heads in {path} were made for model {meta.base_model} ({meta.base_model_name}), "
                 f"not for this policy {expected} ({model.config.name})"
             )
-        heads = cls(meta.head_type, meta.num_heads, meta.hidden_size)
+        heads = cls(meta.head_type, meta.num_heads, meta.hidden_size, meta.num_layers)
         heads.load_state_dict(state)
         heads.version, heads.base_model, heads.base_model_name = meta.version, meta.base_model, meta.base_model_name
         p = next(model.parameters())

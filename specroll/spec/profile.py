@@ -41,6 +41,14 @@ class HardwareProfile:
     slack: float = 1.25
     capacity: int = field(default=0)  # C_hw
 
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if name in ("batch_sizes", "nodes", "latency_s"):
+            # Memo of `latency`: the cost model asks for every tree size at every step, and
+            # interpolating each time cost ~1.5% of a batch-1 step on a CPU. Replacing a table
+            # clears it (tables are replaced, never edited in place); not a field, never saved.
+            super().__setattr__("_latency_memo", {})
+
     def latency(self, batch: int, nodes: int) -> float:
         """Verify latency (seconds) for `batch` rows of `nodes` nodes each, interpolated in the grid.
 
@@ -49,11 +57,13 @@ class HardwareProfile:
         if needed: holding the largest batch's cost would make extra nodes look as cheap
         there as at that batch, which they are not.
         """
-        if batch > self.batch_sizes[-1]:
-            batch, nodes = self.batch_sizes[-1], nodes * batch / self.batch_sizes[-1]
-        table = np.asarray(self.latency_s)
-        per_batch = [extrapolated_interp(nodes, self.nodes, row) for row in table]
-        return float(np.interp(batch, self.batch_sizes, per_batch))
+        key = (batch, nodes)
+        if key not in self._latency_memo:
+            if batch > self.batch_sizes[-1]:
+                batch, nodes = self.batch_sizes[-1], nodes * batch / self.batch_sizes[-1]
+            per_batch = [extrapolated_interp(nodes, self.nodes, row) for row in self.latency_s]
+            self._latency_memo[key] = float(np.interp(batch, self.batch_sizes, per_batch))
+        return self._latency_memo[key]
 
     def derive_capacity(self) -> int:
         base = self.latency_s[0][0] if self.batch_sizes[0] == 1 and self.nodes[0] == 1 else self.latency(1, 1)

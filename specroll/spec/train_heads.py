@@ -561,10 +561,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data-path", default=None, help="gsm8k jsonl file or folder")
     p.add_argument("--head-type", choices=HEAD_TYPES, default="path")
     p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--head-layers", type=int, default=None,
+                   help="layers per head (default: 1, or those of --init-heads, which are deepened if fewer)")
     p.add_argument("--init-heads", default=None,
                    help="start from these heads instead of fresh ones: a heads file, or a model alias whose shipped "
                         "heads to take (e.g. smollm2-135m-instruct when training heads for its SFT'd policy)")
-    p.add_argument("--draft-vocab", type=int, default=8192,
+    # On SmolLM2 1024 tokens cover 83-92% of sampled positions, yet tokens per verify step were
+    # the same as with 8192 or all (a confident draft is a frequent token), at a third of the cost.
+    p.add_argument("--draft-vocab", type=int, default=1024,
                    help="heads draft among this many of the samples' most frequent tokens; 0 = the whole vocabulary")
     p.add_argument("--positions", type=int, default=SampleConfig.positions,
                    help="minimum number of sampled response positions")
@@ -599,14 +603,22 @@ def init_heads_path(init_heads: str) -> Path:
 
 
 def initial_heads(model, args: argparse.Namespace) -> HorizonHeads:
-    """Fresh heads, or a warm start from `--init-heads` (same type and count as asked)."""
+    """Fresh heads, or a warm start from `--init-heads` (same type and count as asked; deepened
+    with untrained layers if `--head-layers` asks for more than they have)."""
+    if args.head_layers is not None and args.head_layers < 1:
+        raise ValueError(f"--head-layers must be >= 1, got {args.head_layers}")
     if args.init_heads is None:
-        return HorizonHeads.for_model(model, args.head_type, args.num_heads)
+        return HorizonHeads.for_model(model, args.head_type, args.num_heads, args.head_layers or 1)
     path = init_heads_path(args.init_heads)
     heads = HorizonHeads.load(path, model)
     if (heads.head_type, heads.num_heads) != (args.head_type, args.num_heads):
         raise ValueError(f"--init-heads {path} holds {heads.num_heads} {heads.head_type} heads, but --head-type "
                          f"{args.head_type} --num-heads {args.num_heads} were asked for")
+    if args.head_layers is not None and args.head_layers != heads.num_layers:
+        if args.head_layers < heads.num_layers:
+            raise ValueError(f"--init-heads {path} has {heads.num_layers} layers per head; --head-layers "
+                             f"{args.head_layers} would drop trained ones")
+        heads = heads.deepened(args.head_layers)
     heads.base_model_name = model.config.name  # trained for this policy from here on
     return heads
 
@@ -658,6 +670,7 @@ def main(argv: list[str] | None = None) -> dict:
         "data_path": args.data_path,
         "head_type": args.head_type,
         "num_heads": args.num_heads,
+        "head_layers": heads.num_layers,
         "heads_version": heads.version,
         "draft_vocab": 0 if heads.draft_vocab is None else int(heads.draft_vocab.numel()),
         "sample_config": asdict(sample_cfg),
