@@ -251,8 +251,8 @@ def test_deepened_heads_draft_as_before_then_train_their_new_layers(trained, pol
     hidden = torch.randn(5, policy.config.hidden_size)
     emb = policy.embed_tokens(torch.randint(0, 64, (5, 4)))
     assert torch.equal(deep.all_states(hidden, emb), heads.all_states(hidden, emb))  # untrained layers: identity
+    deep.save(tmp_path / "deep.safetensors")
     with pytest.raises(ValueError, match="has 3 layers per head; --head-layers 2 would drop trained ones"):
-        deep.save(tmp_path / "deep.safetensors")
         initial_heads(policy, init_args(init_heads=str(tmp_path / "deep.safetensors"), head_layers=2))
 
     train, heldout = samples
