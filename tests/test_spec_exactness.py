@@ -2,7 +2,8 @@
 
 On a tiny model with an 8-token vocabulary we enumerate every response of up to 3 tokens,
 compute its exact probability by teacher forcing under the sampling settings, draw 20k
-speculative samples and run a chi-square goodness-of-fit test. A deliberately biased
+speculative samples and run a chi-square goodness-of-fit test. Trees hold the heads' drafts
+and context lookup's (on by default; one case runs the heads alone). A deliberately biased
 acceptance rule must fail the same test (negative control), so the test has power.
 """
 from __future__ import annotations
@@ -127,10 +128,16 @@ def heads(model, tmp_path_factory):
             "path-trained-vocab5": narrow}
 
 
-def spec_samples(model, heads, params, nodes=4, seed=0, verify=None):
-    cfg = SpecConfig(head_type=heads.head_type, heads_path=None, budget="fixed", fixed_nodes=nodes, max_nodes=nodes)
+def spec_samples(model, heads, params, nodes=4, seed=0, verify=None, lookup="learned"):
+    """lookup: "learned" (the default estimates, which soon leave out the rarely accepted
+    chains of this random model), "first" (chains always ranked first) or "off"."""
+    cfg = SpecConfig(head_type=heads.head_type, heads_path=None, budget="fixed", fixed_nodes=nodes, max_nodes=nodes,
+                     context_lookup=lookup != "off")
     engine = RolloutEngine(model, spec=cfg)
     engine.decoder.set_heads(heads)
+    if lookup == "first":
+        engine.decoder.lookup_acceptance.rate.fill_(1.0)
+        engine.decoder.lookup_acceptance.momentum = 1.0  # never learns otherwise
     if verify is not None:
         engine.decoder.verify = verify
     return engine.generate([PROMPT], SamplingParams(n=SAMPLES, max_new_tokens=NEW_TOKENS, seed=seed, **params))
@@ -144,19 +151,31 @@ SETTINGS = {
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
-@pytest.mark.parametrize("drafter", ["path-random", "medusa-random", "path-trained", "path-trained-vocab5"])
+@pytest.mark.parametrize("drafter", ["path-random", "medusa-random", "path-trained", "path-trained-vocab5",
+                                     "path-random+lookup-first"])
 def test_speculative_samples_follow_the_policy(model, heads, setting, drafter):
     params = SETTINGS[setting]
     probs = exact_distribution(model, SamplingParams(**params))
     trained = drafter.startswith("path-trained")
-    out = spec_samples(model, heads[drafter], params, nodes=8 if trained else 4)
+    heads_name, _, lookup = drafter.partition("+lookup-")
+    out = spec_samples(model, heads[heads_name], params, nodes=8 if trained else 4, lookup=lookup or "learned")
     hist = out.stats["tokens_per_step_hist"]
     if trained:
         # Trained heads reach depth 2 and beyond often: long acceptances are exercised.
         assert sum(v for k, v in hist.items() if k >= 3) > 0.2 * sum(hist.values()), hist
     else:
         assert hist.get(1, 0) > 0.1 * sum(hist.values()), hist  # rejections are exercised
+    if lookup == "first":  # trees hold context lookup chains, and some of their drafts are accepted
+        assert out.stats["lookup_token_share"] > 0.1
     assert goodness_of_fit(out.token_ids, probs) > 1e-3
+
+
+def test_heads_only_samples_follow_the_policy(model, heads):
+    """The same with context lookup off: trees from the heads alone."""
+    params = SETTINGS["t07_top_p09"]
+    out = spec_samples(model, heads["path-trained"], params, nodes=8, lookup="off")
+    assert out.stats["lookup_token_share"] == 0 and out.stats["tokens_per_step_mean"] > 1.3
+    assert goodness_of_fit(out.token_ids, probs=exact_distribution(model, SamplingParams(**params))) > 1e-3
 
 
 def test_plain_sampling_follows_the_policy(model):

@@ -50,10 +50,10 @@ def test_every_per_token_learner_metric_is_in_the_namespace():
 def test_summary_of_two_actors_by_hand():
     a = dict(tokens=30, wall_time_s=2.0, active_rows_per_step=[4, 2], verify_steps=2,
              tokens_per_step_hist={1: 2, 3: 4}, acceptance_by_depth=[0.5, 0.25], budget_per_step=[4, 8],
-             time_draft_s=1.0, time_verify_s=2.0, time_bookkeeping_s=1.0)
+             time_draft_s=1.0, time_verify_s=2.0, time_bookkeeping_s=1.0, lookup_token_share=0.5)
     b = dict(tokens=10, wall_time_s=4.0, active_rows_per_step=[3], verify_steps=1,
              tokens_per_step_hist={2: 2}, acceptance_by_depth=[1.0, 0.0], budget_per_step=[6],
-             time_draft_s=0.0, time_verify_s=1.0, time_bookkeeping_s=0.0)
+             time_draft_s=0.0, time_verify_s=1.0, time_bookkeeping_s=0.0, lookup_token_share=0.0)
     out = summarize_rollout_stats([a, b], head_version=7)
     assert out == pytest.approx({
         "perf/gen_tokens_per_s": 40 / 4.0,  # actors run in parallel: the slowest sets the pace
@@ -65,6 +65,7 @@ def test_summary_of_two_actors_by_hand():
         "spec/acceptance_depth_1": (0.5 * 6 + 1.0 * 2) / 8,
         "spec/acceptance_depth_2": (0.25 * 6 + 0.0 * 2) / 8,
         "spec/draft_time_frac": 1.0 / 5.0,
+        "spec/lookup_token_share": (0.5 * 6 + 0.0 * 2) / 8,
     })
 
 

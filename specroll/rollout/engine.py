@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from ..models import KVCache, load_causal_lm
 from .sampling import RowRandom, SamplingParams, sample_tokens, sampling_logprobs
+from .token_history import TokenHistory
 
 
 @dataclass
@@ -36,9 +37,10 @@ class StepResult:
 class DecodeState:
     """Per-row state of a generate call; rows are kept in cache order."""
 
-    def __init__(self, cache: KVCache, row_ids: torch.Tensor, rng: RowRandom,
+    def __init__(self, cache: KVCache, history: TokenHistory, row_ids: torch.Tensor, rng: RowRandom,
                  last_tokens: torch.Tensor, last_hidden: torch.Tensor, params: SamplingParams):
         self.cache = cache
+        self.history = history  # prompt + emitted ids per row (the last one is last_tokens)
         self.row_ids = row_ids  # output index of each cache row
         self.rng = rng
         self.last_tokens = last_tokens  # sampled but not yet in the cache
@@ -47,6 +49,7 @@ class DecodeState:
 
     def keep(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
+        self.history.keep(rows)
         self.row_ids = self.row_ids[rows]
         self.last_tokens = self.last_tokens[rows]
         self.last_hidden = self.last_hidden[rows]
@@ -129,11 +132,13 @@ class RolloutEngine:
         max_len = int(prompt_lens.max()) + params.max_new_tokens + slack
         cache = KVCache.for_model(self.model, num_rows, max_len, live_rows=num_prompts)
 
-        first_logits, first_hidden = self.prefill(prompts, cache)
+        history = TokenHistory.from_prompts(prompts, max_len, self.device)
+        first_logits, first_hidden = self.prefill(history, cache)
         cache.repeat_rows(n)
+        history.repeat_rows(n)
         rng = RowRandom(params.seed, [(key, j) for key in keys for j in range(n)], self.device)
         first, first_lp = sample_next(first_logits.repeat_interleave(n, dim=0), rng, params)
-        state = DecodeState(cache, torch.arange(num_rows, device=self.device), rng, first,
+        state = DecodeState(cache, history, torch.arange(num_rows, device=self.device), rng, first,
                             first_hidden.repeat_interleave(n, dim=0), params)
 
         tokens: list[list[int]] = [[] for _ in range(num_rows)]
@@ -166,12 +171,10 @@ class RolloutEngine:
         stats.update(getattr(self.decoder, "pop_stats", dict)())
         return RolloutOutput(tokens, logprobs, finish, stats)
 
-    def prefill(self, prompts: list[list[int]], cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self, prompts: TokenHistory, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Run every prompt once (right-padded); logits [P, V] and hidden state [P, D] at its last token."""
-        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
-        ids = torch.zeros(len(prompts), int(lengths.max()), dtype=torch.long, device=self.device)
-        for i, p in enumerate(prompts):
-            ids[i, : len(p)] = torch.tensor(p, device=self.device)
+        lengths = prompts.lengths
+        ids = prompts.tokens[:, : int(lengths.max())]
         # Right padding is harmless under causal attention: real tokens never see the pads.
         out = self.model(ids, cache=cache, logits_at=(lengths - 1)[:, None])
         cache.commit(lengths)
@@ -198,5 +201,6 @@ class RolloutEngine:
                 if len(tokens[row]) >= cap:
                     done[r] = True
                     break
+        state.history.append(step.tokens, step.counts)
         state.last_tokens = step.tokens.gather(1, (step.counts - 1).clamp(min=0)[:, None]).squeeze(1)
         return done.to(state.last_tokens.device)

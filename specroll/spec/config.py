@@ -22,6 +22,9 @@ class SpecConfig:
     max_children: int = 8  # children drafted per node before the global best-N cut
     max_frontier: int = 4  # nodes per depth that get children (each costs an LM-head product)
     calibration_momentum: float = 0.95  # EMA of per-depth acceptance calibration
+    # Also draft what followed the latest earlier occurrence of a row's last tokens (see spec/lookup.py).
+    context_lookup: bool = True
+    lookup_ngram: int = 3  # longest suffix matched by context lookup
     profile_cache_len: int = 256  # cache length the hardware profile is measured at
 
     def __post_init__(self) -> None:
@@ -43,6 +46,8 @@ class SpecConfig:
             raise ValueError(f"spec.max_frontier must be >= 1, got {self.max_frontier}")
         if self.max_children < 1:
             raise ValueError(f"spec.max_children must be >= 1, got {self.max_children}")
+        if self.lookup_ngram < 1:
+            raise ValueError(f"spec.lookup_ngram must be >= 1, got {self.lookup_ngram}")
         if not 0 <= self.calibration_momentum < 1:
             raise ValueError(f"spec.calibration_momentum must be in [0, 1), got {self.calibration_momentum}")
 

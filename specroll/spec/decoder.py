@@ -16,6 +16,7 @@ from ..rollout.sampling import sampling_logprobs
 from .budget import concurrency_budget, cost_model_budget, speculation_may_pay
 from .config import SpecConfig
 from .heads import HorizonHeads, shipped_heads
+from .lookup import LookupAcceptance, add_lookup_candidates, lookup_drafts
 from .profile import get_profile
 from .tree import draft_candidates, root_only_tree, select_tree, tree_attention_mask
 from .verify import verify_tree
@@ -88,11 +89,12 @@ class SpecDecoder:
         self.expected_per_row: torch.Tensor | None = None
         self.typical_per_row: torch.Tensor | None = None  # the same, averaged slowly
         self.steps_since_full_draft = 0
+        self.lookup_acceptance = LookupAcceptance(self.cfg.lookup_ngram, heads.num_heads, self.cfg.calibration_momentum, device)
 
     def reset_stats(self) -> None:
         self.stats = {"tokens_per_step": Counter(), "budget_per_step": [], "accepted_by_depth": [0] * self.heads.num_heads,
                       "reached_by_depth": [0] * self.heads.num_heads, "time_draft_s": 0.0, "time_verify_s": 0.0,
-                      "time_bookkeeping_s": 0.0, "verify_steps": 0}
+                      "time_bookkeeping_s": 0.0, "verify_steps": 0, "drafts_accepted": 0, "lookup_accepted": 0}
 
     def pop_stats(self) -> dict:
         s = self.stats
@@ -107,6 +109,7 @@ class SpecDecoder:
             "time_draft_s": s["time_draft_s"],
             "time_verify_s": s["time_verify_s"],
             "time_bookkeeping_s": s["time_bookkeeping_s"],
+            "lookup_token_share": s["lookup_accepted"] / max(s["drafts_accepted"], 1),
         }
         self.reset_stats()
         return out
@@ -122,9 +125,15 @@ class SpecDecoder:
         return concurrency_budget(self.capacity, active_rows, cfg.min_nodes, cfg.max_nodes)
 
     def draft(self, state: DecodeState, max_drafts: int):
-        return draft_candidates(self.heads, self.model, state.last_hidden, state.last_tokens,
-                                max_drafts, self.log_calibration(), self.cfg.max_children,
-                                self.cfg.max_frontier)
+        """The heads' candidates, plus each row's context lookup chain (None if off)."""
+        cands = draft_candidates(self.heads, self.model, state.last_hidden, state.last_tokens,
+                                 max_drafts, self.log_calibration(), self.cfg.max_children,
+                                 self.cfg.max_frontier)
+        if not self.cfg.context_lookup:
+            return cands, None
+        history = state.history
+        lookup = lookup_drafts(history.tokens, history.lengths, self.cfg.lookup_ngram, min(self.heads.num_heads, max_drafts))
+        return add_lookup_candidates(cands, lookup, self.lookup_acceptance.step_logp(lookup)), lookup
 
     @torch.inference_mode()
     def step(self, state: DecodeState) -> StepResult:
@@ -134,9 +143,9 @@ class SpecDecoder:
         if self.cfg.budget == "cost_model":
             # The running estimates say how many nodes to draft (none where drafting would not
             # pay); this step's drafts then pick N_t, never above what was drafted.
-            drafts, cands, budget = self.planned_drafts(batch), None, self.cfg.min_nodes
+            drafts, cands, lookup, budget = self.planned_drafts(batch), None, None, self.cfg.min_nodes
             if drafts > 0:
-                cands = self.draft(state, drafts)
+                cands, lookup = self.draft(state, drafts)
                 self.note_drafted(cands, drafts, time.perf_counter() - t0)
                 budget = cost_model_budget(cands.expected_tokens(drafts + 1), self.profile, batch,
                                            self.cfg.min_nodes, drafts + 1, self.drafting_s())
@@ -144,7 +153,7 @@ class SpecDecoder:
                 self.steps_since_full_draft += 1
         else:
             budget = self.node_budget(batch)
-            cands = self.draft(state, budget - 1) if budget > 1 else None
+            cands, lookup = self.draft(state, budget - 1) if budget > 1 else (None, None)
         tree = select_tree(cands, budget - 1) if budget > 1 else root_only_tree(batch, roots.device)
         t1 = time.perf_counter()
 
@@ -165,7 +174,8 @@ class SpecDecoder:
         state.last_hidden = torch.gather(out.hidden, 1, last[..., None].expand(-1, -1, out.hidden.shape[-1]))[:, 0]
         if budget > 1:
             self.update_calibration(verdict)
-        self.record(verdict, budget)
+        on_chain = None if lookup is None else self.lookup_acceptance.update(lookup, verdict.tokens, verdict.counts)
+        self.record(verdict, budget, on_chain)
         self.stats["time_draft_s"] += t1 - t0
         self.stats["time_verify_s"] += t2 - t1
         self.stats["time_bookkeeping_s"] += time.perf_counter() - t2
@@ -244,13 +254,19 @@ class SpecDecoder:
         self.observed = torch.where(used, m * self.observed + (1 - m) * observed.clamp(min=1e-3), self.observed)
         self.predicted = torch.where(used, m * self.predicted + (1 - m) * predicted.clamp(min=1e-3), self.predicted)
 
-    def record(self, verdict, budget: int) -> None:
+    def record(self, verdict, budget: int, on_chain: torch.Tensor | None) -> None:
+        """on_chain [B, depth]: emitted tokens that the context lookup chain held (None: no chain)."""
         s = self.stats
         s["verify_steps"] += 1
         s["budget_per_step"].append(budget)
         s["tokens_per_step"].update(verdict.counts.tolist())
+        if on_chain is not None:
+            # Of the emitted tokens on the chain, those before the bonus token were accepted drafts.
+            as_draft = torch.arange(on_chain.shape[1], device=on_chain.device)[None] < (verdict.counts - 1)[:, None]
+            s["lookup_accepted"] += int((on_chain & as_draft).sum())
         if budget == 1:
             return
+        s["drafts_accepted"] += int((verdict.counts - 1).sum())
         acc = verdict.accepted_at_depth
         reached = torch.cat((torch.ones_like(acc[:, :1]), acc[:, :-1]), 1)
         for d, (a, r) in enumerate(zip(acc.sum(0).tolist(), reached.sum(0).tolist())):

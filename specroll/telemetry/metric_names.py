@@ -40,6 +40,7 @@ ACCEPTANCE_DEPTH = metric("spec/acceptance_depth_{d}", "share of drafts accepted
 NODE_BUDGET_MEAN = metric("spec/node_budget_mean", "mean tree nodes per response (root included) over verify passes")
 ACTIVE_ROWS_MEAN = metric("spec/active_rows_mean", "mean unfinished responses per decode step of an actor (both modes)")
 VERIFY_STEPS = metric("spec/verify_steps", "verify passes, summed over rollout actors")
+LOOKUP_TOKEN_SHARE = metric("spec/lookup_token_share", "share of accepted drafts that context lookup proposed (some also by the heads)")
 DRAFT_TIME_FRAC = metric("spec/draft_time_frac", "share of speculative step time spent drafting trees")
 HEAD_VERSION = metric("spec/head_version", "version of the draft heads the rollout actors used")
 

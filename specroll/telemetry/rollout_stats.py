@@ -53,6 +53,8 @@ def summarize_rollout_stats(stats: Mapping | Sequence[Mapping], head_version: in
         for d in range(depths):
             rates = [(s["acceptance_by_depth"][d], w) for s, w in zip(spec_parts, weights) if d < len(s["acceptance_by_depth"])]
             out[m.acceptance_depth(d + 1)] = sum(r * w for r, w in rates) / max(sum(w for _, w in rates), 1)
+    if sum(weights):
+        out[m.LOOKUP_TOKEN_SHARE] = sum(s["lookup_token_share"] * w for s, w in zip(spec_parts, weights)) / sum(weights)
     spent = sum(s["time_draft_s"] + s["time_verify_s"] + s["time_bookkeeping_s"] for s in spec_parts)
     if spent > 0:
         out[m.DRAFT_TIME_FRAC] = sum(s["time_draft_s"] for s in spec_parts) / spent
