@@ -23,14 +23,17 @@ def concurrency_budget(capacity: int, active_rows: int, min_nodes: int, max_node
 
 def cost_model_budget(expected_tokens: torch.Tensor, profile: HardwareProfile, active_rows: int,
                       min_nodes: int, max_nodes: int, drafting_s: Sequence[float] | None = None,
-                      slack: float = 1.0) -> int:
+                      slack: float = 1.0, min_gain: float = 0.0) -> int:
     """argmax_N  sum_b E[tokens_b | N] / (T(B, N) + drafting time for N), or with slack < 1 the
     largest N whose rate is within that factor of the best;
     expected_tokens [B, K] for N = 1..K (N is capped at K and max_nodes);
-    drafting_s[N - 1]: seconds to draft a tree of N nodes (None: drafting is free)."""
+    drafting_s[N - 1]: seconds to draft a tree of N nodes (None: drafting is free);
+    min_gain: a tree must beat plain decoding's rate by this fraction to be chosen."""
     total = expected_tokens.sum(dim=0).tolist()  # one host sync, not one per N
     rates = {n: total[n - 1] / (profile.latency(active_rows, n) + drafting_time(drafting_s, n))
              for n in range(min_nodes, min(max_nodes, len(total)) + 1)}
+    if 1 in rates:
+        rates[1] *= 1 + min_gain
     best = max(rates.values())
     return max(n for n, rate in rates.items() if rate >= slack * best)
 

@@ -18,6 +18,9 @@ class SpecConfig:
     fixed_nodes: int = 8  # nodes per response (root included) for budget=fixed
     min_nodes: int = 1  # N_min; 1 = plain decoding when speculation does not fit
     max_nodes: int = 16  # N_max nodes per response, root included
+    # cost_model: a tree must beat plain decoding's estimated rate by this fraction. Near break-even
+    # the estimates' noise decides, and a wrong tree costs more than a right one gains.
+    min_gain: float = 0.05
     capacity: int | None = None  # C_hw override; None = from the cached hardware profile
     max_children: int = 8  # children drafted per node before the global best-N cut
     max_frontier: int = 4  # nodes per depth that get children (each costs an LM-head product)
@@ -46,6 +49,8 @@ class SpecConfig:
             raise ValueError(f"spec.max_frontier must be >= 1, got {self.max_frontier}")
         if self.max_children < 1:
             raise ValueError(f"spec.max_children must be >= 1, got {self.max_children}")
+        if self.min_gain < 0:
+            raise ValueError(f"spec.min_gain must be >= 0, got {self.min_gain}")
         if self.lookup_ngram < 1:
             raise ValueError(f"spec.lookup_ngram must be >= 1, got {self.lookup_ngram}")
         if not 0 <= self.calibration_momentum < 1:
