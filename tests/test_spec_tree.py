@@ -348,17 +348,3 @@ def test_cost_model_recovers_from_a_slow_first_draft(model, tmp_path, monkeypatc
     assert drafted_at == list(range(RARE_PROBE_EVERY, len(budgets))) and min(budgets[RARE_PROBE_EVERY:]) > 1
     assert max(decoder.drafting_s()) < 1.0
 
-
-def test_cost_model_scales_expected_gains_by_what_chosen_trees_realised(model, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
-    decoder = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="cost_model", calibration_momentum=0.5)).decoder
-    expected = torch.tensor([1.0, 2.0, 3.0])
-    assert torch.equal(decoder.realistic(expected), expected)  # nothing verified yet
-    decoder.note_gain(torch.tensor([2.0, 2.0]), torch.tensor([2, 3]))  # expected 2 tokens beyond the roots, got 3
-    assert decoder.realistic(expected).tolist() == pytest.approx([1.0, 2.5, 4.0])
-    decoder.note_gain(torch.tensor([2.0, 2.0]), torch.tensor([1, 1]))  # got none: EMAs 2 and 1.5
-    assert decoder.realistic(expected).tolist() == pytest.approx([1.0, 1.75, 2.5])
-    for _ in range(20):
-        decoder.note_gain(torch.tensor([3.0]), torch.tensor([1]))
-    # Never below half: with estimates scaled to nothing no tree would be tried, and none could correct it.
-    assert decoder.realistic(expected).tolist() == pytest.approx([1.0, 1.5, 2.0])

@@ -89,9 +89,6 @@ class SpecDecoder:
         self.expected_per_row: torch.Tensor | None = None
         self.typical_per_row: torch.Tensor | None = None  # the same, averaged slowly
         self.steps_since_full_draft = 0
-        # Cost model: EMAs of the tokens beyond the root that chosen trees were expected to
-        # yield per verify pass, and that they did (see `realistic`).
-        self.expected_gain, self.realised_gain = 0.0, 0.0
         self.lookup_acceptance = LookupAcceptance(self.cfg.lookup_ngram, heads.num_heads, self.cfg.calibration_momentum, device)
 
     def reset_stats(self) -> None:
@@ -150,8 +147,7 @@ class SpecDecoder:
             if drafts > 0:
                 cands, lookup = self.draft(state, drafts)
                 self.note_drafted(cands, drafts, time.perf_counter() - t0)
-                expected = cands.expected_tokens(drafts + 1)
-                budget = cost_model_budget(self.realistic(expected), self.profile, batch, self.cfg.min_nodes,
+                budget = cost_model_budget(cands.expected_tokens(drafts + 1), self.profile, batch, self.cfg.min_nodes,
                                            drafts + 1, self.drafting_s(), min_gain=self.cfg.min_gain)
             else:
                 self.steps_since_full_draft += 1
@@ -178,8 +174,6 @@ class SpecDecoder:
         state.last_hidden = torch.gather(out.hidden, 1, last[..., None].expand(-1, -1, out.hidden.shape[-1]))[:, 0]
         if budget > 1:
             self.update_calibration(verdict)
-            if self.cfg.budget == "cost_model":
-                self.note_gain(expected[:, budget - 1], verdict.counts)
         on_chain = None if lookup is None else self.lookup_acceptance.update(lookup, verdict.tokens, verdict.counts)
         self.record(verdict, budget, on_chain)
         self.stats["time_draft_s"] += t1 - t0
@@ -216,7 +210,7 @@ class SpecDecoder:
 
     def best_budget(self, expected_per_row: torch.Tensor, batch: int, slack: float = 1.0) -> int:
         """The N that `batch` rows expecting these tokens per N would get (see cost_model_budget)."""
-        expected = self.realistic(expected_per_row).expand(batch, -1)
+        expected = expected_per_row.expand(batch, -1)
         return cost_model_budget(expected, self.profile, batch, 1, self.cfg.max_nodes, self.drafting_s(), slack,
                                  self.cfg.min_gain)
 
@@ -248,28 +242,6 @@ class SpecDecoder:
             self.expected_per_row = blend(self.expected_per_row, expected, m)
             self.typical_per_row = blend(self.typical_per_row, expected, TYPICAL_MOMENTUM)
         self.steps_since_full_draft = 0 if drafts == self.cfg.max_nodes - 1 else self.steps_since_full_draft + 1
-
-    def realistic(self, expected_tokens: torch.Tensor) -> torch.Tensor:
-        """Expected tokens per verify pass with the gain beyond the root scaled by how much
-        chosen trees really gained. Node estimates are calibrated (per depth, per lookup match
-        length), yet a tree's total ran high: the cost model picks the trees whose estimates
-        are highest, and a node two drafters share is scored from both. Uncorrected, that put
-        2-node trees at 32 rows on a CPU (0.93x of plain)."""
-        if self.expected_gain <= 0:
-            return expected_tokens
-        # Bounded: with too small a scale no tree would be chosen, and none could correct it.
-        scale = min(max(self.realised_gain / self.expected_gain, 0.5), 1.5)
-        return 1 + scale * (expected_tokens - 1)
-
-    def note_gain(self, expected_tokens: torch.Tensor, counts: torch.Tensor) -> None:
-        """expected_tokens [B]: the raw estimate for each row's chosen tree; counts [B]: emitted."""
-        expected, realised = float(expected_tokens.sum()) - len(counts), float(counts.sum()) - len(counts)
-        if self.expected_gain <= 0:
-            self.expected_gain, self.realised_gain = expected, realised
-            return
-        m = self.cfg.calibration_momentum
-        self.expected_gain = m * self.expected_gain + (1 - m) * expected
-        self.realised_gain = m * self.realised_gain + (1 - m) * realised
 
     def update_calibration(self, verdict) -> None:
         """Per depth: EMA of accepted rate vs the head mass drafted under the reached node."""
