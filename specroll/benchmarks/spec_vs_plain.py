@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fixed-nodes", type=int, default=8)
     ap.add_argument("--max-nodes", type=int, default=16)
     ap.add_argument("--capacity", type=int, default=None, help="C_hw override (default: hardware profile)")
+    ap.add_argument("--no-context-lookup", action="store_true", help="draft with the heads only (see spec/lookup.py)")
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32])
     ap.add_argument("--grpo", default="8x8", help="prompts x responses, or '' to skip")
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
     heads_path = None if args.heads == "untrained" else args.heads
     spec = SpecConfig(head_type=args.head_type, heads_path=heads_path, budget=args.budget,
                       fixed_nodes=min(args.fixed_nodes, args.max_nodes), max_nodes=args.max_nodes,
-                      capacity=args.capacity)
+                      capacity=args.capacity, context_lookup=not args.no_context_lookup)
     plain_engine = RolloutEngine(model, tokenizer)
     spec_engine = RolloutEngine(model, tokenizer, spec=spec)
     max_depth = spec_engine.decoder.heads.num_heads
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, num_prompts, n in settings:
         prompts = prompts_all[:num_prompts]
         plain_t, spec_t, plain_tok, spec_tok = 0.0, 0.0, 0, 0
-        per_step, oracle, budgets, draft_t = [], [], [], 0.0
+        per_step, oracle, budgets, draft_t, lookup_share = [], [], [], 0.0, []
         for r in range(args.repeats):
             params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
                                     n=n, seed=args.seed + r)
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
             spec_t, spec_tok = spec_t + wall, spec_tok + out.stats["tokens"]
             draft_t += out.stats["time_draft_s"]
             per_step.append(out.stats["tokens_per_step_mean"])
+            lookup_share.append(out.stats["lookup_token_share"])
             budgets = out.stats["budget_per_step"]
             oracle.append(oracle_tokens_per_step(model, prompts, out, params, budgets, max_depth))
             bar.update()
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
             "tokens_per_step": sum(per_step) / len(per_step),
             "oracle_tokens_per_step": sum(oracle) / len(oracle),
             "draft_share": draft_t / spec_t,  # of the speculative wall time
+            "lookup_token_share": sum(lookup_share) / len(lookup_share),  # accepted drafts proposed by context lookup
             "budget_trace": budgets,
             "acceptance_by_depth": out.stats["acceptance_by_depth"],
         }
@@ -160,15 +163,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.budget == "concurrency":
         budget += f" (C_hw {spec_engine.decoder.capacity})"
     print(f"\npolicy {args.policy}, heads {heads_path or 'untrained ' + args.head_type}, budget {budget}, "
-          f"prompts from {source}, device {device}, {args.dtype}")
+          f"context lookup {'off' if args.no_context_lookup else 'on'}, prompts from {source}, device {device}, {args.dtype}")
     print(f"{'setting':>16} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'tok/step':>8} {'oracle':>7} "
-          f"{'drafting':>8}  budget trace")
+          f"{'drafting':>8} {'lookup':>6}  budget trace")
     for row in rows:
         trace = row["budget_trace"]
         summary = f"{min(trace)}..{max(trace)} (mean {sum(trace) / len(trace):.1f})" if trace else "-"
         print(f"{row['setting']:>16} {row['plain_tokens_per_s']:11.1f} {row['spec_tokens_per_s']:10.1f} "
               f"{row['speedup']:6.2f} {row['tokens_per_step']:8.2f} {row['oracle_tokens_per_step']:7.2f} "
-              f"{row['draft_share']:8.1%}  {summary}")
+              f"{row['draft_share']:8.1%} {row['lookup_token_share']:6.0%}  {summary}")
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": spec_engine.decoder.capacity, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
