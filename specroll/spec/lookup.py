@@ -123,7 +123,8 @@ class LookupAcceptance:
         self.momentum = momentum
 
     def step_logp(self, lookup: LookupDrafts) -> torch.Tensor:
-        """[B, depth] log acceptance estimates for each row's chain (0 where it has none)."""
+        """[B, depth] log acceptance estimates for each row's chain (rows without a match get
+        the 1-token estimates, unused: their chain is not valid)."""
         return self.rate[(lookup.ngram - 1).clamp(min=0), : lookup.tokens.shape[1]].log()
 
     def update(self, lookup: LookupDrafts, emitted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
