@@ -22,7 +22,7 @@ from pathlib import Path
 import hydra
 import ray
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from specroll.actors import ActorFailedError, Rollouts, RunActors
@@ -36,6 +36,7 @@ from specroll.telemetry.sinks import JSONL_NAME
 
 CONF_ENV = "SPECROLL_CONF"
 CHECKPOINTS = "checkpoints"  # under run_dir
+CONFIG_NAME = "config.yaml"  # under run_dir: the resolved config of the latest launch
 
 
 def conf_dir() -> str:
@@ -53,6 +54,7 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
     run_dir = Path(cfg.run_dir)
     checkpoints = run_dir / CHECKPOINTS
     resume_from = checkpoint_to_resume(cfg, checkpoints)
+    save_resolved_config(cfg, run_dir)
     problems = load_problems(cfg.data.name, cfg.data.path, cfg.data.split, cfg.data.limit, cfg.data.synthetic)
     for name in (cfg.model.name, cfg.model.tokenizer):
         if name is not None and not name.startswith("tiny-"):
@@ -140,6 +142,13 @@ def check_runnable(cfg: TrainConfig) -> None:
     if c.learner_world_size > 1 and 0 < c.gpus_per_learner < 1:
         raise ValueError(f"cluster.gpus_per_learner must be 0 or >= 1 with several learner ranks, got "
                          f"{c.gpus_per_learner}: NCCL ranks cannot share a GPU")
+
+
+def save_resolved_config(cfg: TrainConfig, run_dir: Path) -> None:
+    """The config this launch runs with, as `run_dir/config.yaml` (a resumed launch replaces
+    it; every checkpoint keeps the config it was saved under)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_NAME).write_text(OmegaConf.to_yaml(cfg.to_dict()))
 
 
 def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specroll.data.prompts import format_prompt
 from specroll.models import KVCache, build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.spec import HorizonHeads, SpecConfig, draft_candidates, select_tree, tree_attention_mask
+from specroll.spec import HorizonHeads, SpecConfig, draft_candidates, select_tree, shipped_heads, tree_attention_mask
 from specroll.spec.decoder import DRAFT_PROBE_EVERY, RARE_PROBE_EVERY, blend
 from specroll.spec.verify import verify_tree
 
@@ -222,6 +223,56 @@ def test_rows_finish_at_different_steps_and_eos_inside_an_accepted_path():
     assert out.stats["tokens_per_step_hist"].keys() - {1} # multi-token steps happened
     active = out.stats["active_rows_per_step"]
     assert active == sorted(active, reverse=True) and active[-1] < active[0]
+
+
+def test_eos_and_the_length_cap_cut_an_accepted_path_where_they_fall():
+    """A step that accepts past an EOS or past max_new_tokens keeps the response up to it."""
+    model = build_tiny_model(init_std=0.3, seed=5, eos_token_ids=[1])
+    with torch.no_grad():
+        model.lm_head.weight[1] += 0.25 * model.lm_head.weight.norm(dim=1).mean()
+    engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="fixed", fixed_nodes=16, max_nodes=16, max_children=8))
+    steps = []  # (row ids, tokens each emitted) of every verify step, spied on the real decoder
+    real_step = engine.decoder.step
+
+    def recorded_step(state):
+        rows = state.row_ids.tolist()
+        result = real_step(state)
+        steps.append((rows, [t[:c] for t, c in zip(result.tokens.tolist(), result.counts.tolist())]))
+        return result
+
+    engine.decoder.step = recorded_step
+    cap = 12
+    out = engine.generate([[3, 4, 5], [6, 7]], SamplingParams(max_new_tokens=cap, n=24, seed=3))
+    emitted = {row: [tokens[0]] for row, tokens in enumerate(out.token_ids)}  # the prefill sampled one
+    cut_at_eos = cut_at_cap = 0
+    for rows, tokens_per_row in steps:
+        for row, tokens in zip(rows, tokens_per_row):
+            before = len(emitted[row])
+            emitted[row] += tokens
+            if 1 in tokens[:-1] and before + tokens.index(1) < cap:
+                cut_at_eos += 1
+                assert out.token_ids[row] == emitted[row][: before + tokens.index(1) + 1]
+                assert out.finish_reasons[row] == "stop"
+            elif before + len(tokens) > cap and 1 not in emitted[row][:cap]:
+                cut_at_cap += 1
+                assert out.token_ids[row] == emitted[row][:cap] and out.finish_reasons[row] == "length"
+    assert cut_at_eos > 0 and cut_at_cap > 0
+
+
+def test_smollm2_greedy_with_its_shipped_heads_equals_plain_greedy(smollm2, gsm8k_test_questions):
+    """The shipped heads load on the model they were made for, draft tokens the policy
+    accepts, and leave greedy output unchanged token for token (mixed prompt lengths)."""
+    model, tokenizer = smollm2
+    heads = HorizonHeads.load(shipped_heads("smollm2-135m-instruct"), model)
+    prompts = [format_prompt(tokenizer, q) for q in gsm8k_test_questions[:3]]
+    assert len({len(p) for p in prompts}) == 3
+    params = SamplingParams(temperature=0, max_new_tokens=32)
+    plain = RolloutEngine(model, tokenizer).generate(prompts, params)
+    engine = RolloutEngine(model, tokenizer, spec=SpecConfig(heads_path=None, budget="fixed", fixed_nodes=8))
+    engine.decoder.set_heads(heads)
+    spec = engine.generate(prompts, params)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats["tokens_per_step_mean"] > 1.3
 
 
 def test_concurrency_budget_follows_active_rows(model):

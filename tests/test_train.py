@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import ray
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from specroll.actors import ActorFailedError
 from specroll.configs import load_train_config
@@ -77,6 +78,9 @@ def test_hydra_overrides_change_what_runs(ray_cluster, tmp_path):
     assert [r["rollout/policy_version"] for r in rows] == [0, 0]
     assert [r["train/policy_version"] for r in rows] == [1, 2]
     assert summary["last_checkpoint"] is None and not Path(summary["checkpoint_dir"]).exists()
+    # The resolved config is saved with the run, overrides included.
+    saved = OmegaConf.to_container(OmegaConf.load(Path(cfg.run_dir) / "config.yaml"))
+    assert saved == cfg.to_dict() and saved["cluster"]["num_rollout_actors"] == 2
 
 
 def test_invalid_configs_fail_before_anything_starts(tmp_path):
