@@ -282,6 +282,24 @@ def test_concurrency_budget_follows_active_rows(model):
         assert budget == max(1, min(8, 24 // active))
 
 
+def test_a_one_node_budget_is_a_plain_step(model):
+    """N_t = 1 drafts nothing, runs the same one-token forward per row as plain decoding and
+    samples the same tokens from the same seeds."""
+    prompts, params = [[5, 6, 7, 8], [9, 10, 11]], SamplingParams(max_new_tokens=20, n=3, seed=2)
+    engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="fixed", fixed_nodes=1))
+    engine.decoder.draft = lambda *args, **kwargs: pytest.fail("drafted with a one-node budget")
+    widths = []
+    hook = model.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
+    try:
+        spec = engine.generate(prompts, params)
+    finally:
+        hook.remove()
+    plain = RolloutEngine(model).generate(prompts, params)
+    assert spec.token_ids == plain.token_ids
+    assert widths[0] == 4 and set(widths[1:]) == {1}  # the prefill, then one token per row per step
+    assert spec.stats["verify_steps"] == plain.stats["steps"]
+
+
 def test_cost_model_budget_speculates_where_it_pays_and_stays_exact_in_greedy(model, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))  # the engine measures and caches a profile
     heads = random_heads(model, "path")
