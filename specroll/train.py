@@ -48,7 +48,7 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
 
     `on_step_end(step, metrics, actors)` runs after each logged step (notebooks, tests).
     The summary holds: run_dir, first_step, total_steps, policy_version, data_position, last_checkpoint,
-    checkpoint_dir, metrics_file, wandb_run_id, wandb_dir, metrics (of the last step).
+    checkpoint_dir, config_file, metrics_file, wandb_run_id, wandb_dir, metrics (of the last step).
     """
     check_runnable(cfg)
     run_dir = Path(cfg.run_dir)
@@ -114,6 +114,7 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
             "data_position": stream.state_dict(),
             "last_checkpoint": last_checkpoint,
             "checkpoint_dir": str(checkpoints),
+            "config_file": str(run_dir / CONFIG_NAME),
             "metrics_file": str(run_dir / JSONL_NAME) if cfg.logger.jsonl else None,
             "wandb_run_id": logger.run_id,
             "wandb_dir": wandb_location(logger),
@@ -236,6 +237,7 @@ def describe(summary: dict) -> str:
     if summary["metrics_file"]:
         lines.append(f"  metrics:      {summary['metrics_file']}")
     lines.append(f"  checkpoints:  {summary['checkpoint_dir']}   (latest: {summary['last_checkpoint']})")
+    lines.append(f"  config:       {summary['config_file']}")
     return "\n".join(lines)
 
 

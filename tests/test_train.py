@@ -79,7 +79,7 @@ def test_hydra_overrides_change_what_runs(ray_cluster, tmp_path):
     assert [r["train/policy_version"] for r in rows] == [1, 2]
     assert summary["last_checkpoint"] is None and not Path(summary["checkpoint_dir"]).exists()
     # The resolved config is saved with the run, overrides included.
-    saved = OmegaConf.to_container(OmegaConf.load(Path(cfg.run_dir) / "config.yaml"))
+    saved = OmegaConf.to_container(OmegaConf.load(summary["config_file"]))
     assert saved == cfg.to_dict() and saved["cluster"]["num_rollout_actors"] == 2
 
 
