@@ -55,7 +55,11 @@ def oracle_tokens_per_step(model, prompts, out, params: SamplingParams, budgets:
 
 
 def oracle_accepted(realised: torch.Tensor, top: torch.Tensor, i: int, drafts: int, max_depth: int) -> int:
-    """How many on-path nodes a best-`drafts` tree built from exact probabilities contains."""
+    """How many on-path nodes a best-`drafts` tree built from exact probabilities contains.
+
+    A node ranks behind its ancestors and behind the siblings of its path that score higher;
+    the siblings' own descendants (and siblings beyond ORACLE_TOP) are not counted, so this
+    errs high: a ceiling, as a bound should."""
     chain = 1.0
     for d in range(1, min(max_depth, len(realised) - 1 - i) + 1):
         chain_d = chain * float(realised[i + d])

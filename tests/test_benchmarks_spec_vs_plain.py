@@ -1,0 +1,35 @@
+"""The oracle bound of the speculative benchmark, on hand-worked probabilities."""
+from __future__ import annotations
+
+import torch
+
+from specroll.benchmarks.spec_vs_plain import oracle_accepted
+
+# Position j holds the policy's probability of the response token r_j (realised) and its
+# largest probabilities at that position (top). The root is r_0; a tree predicts r_1, r_2 ...
+REALISED = torch.tensor([1.0, 0.9, 0.8, 0.5, 0.3])
+TOP = torch.tensor([[1.0, 0.0, 0.0], [0.9, 0.05, 0.05], [0.8, 0.15, 0.05], [0.5, 0.4, 0.1], [0.6, 0.3, 0.1]])
+
+
+def test_a_perfect_drafter_accepts_the_path_until_better_nodes_fill_the_budget():
+    # Path scores: 0.9, 0.72, 0.36, 0.108. One draft: r_1 (0.9). Two: r_2 (0.72) next, as no
+    # sibling beats it. Three: r_3 (0.36) is outranked by nothing but its two ancestors.
+    assert oracle_accepted(REALISED, TOP, 0, drafts=1, max_depth=4) == 1
+    assert oracle_accepted(REALISED, TOP, 0, drafts=2, max_depth=4) == 2
+    assert oracle_accepted(REALISED, TOP, 0, drafts=3, max_depth=4) == 3
+    # r_4 (0.108) is outranked by its 3 ancestors and by a sibling at each of depths 2-4:
+    # 0.9 x 0.15 = 0.135, 0.72 x 0.4 = 0.288, 0.36 x 0.6 = 0.216; it needs 7 drafts.
+    assert oracle_accepted(REALISED, TOP, 0, drafts=6, max_depth=4) == 3
+    assert oracle_accepted(REALISED, TOP, 0, drafts=7, max_depth=4) == 4
+
+
+def test_the_oracle_stops_at_the_depth_limit_and_the_response_end():
+    assert oracle_accepted(REALISED, TOP, 0, drafts=15, max_depth=2) == 2
+    assert oracle_accepted(REALISED, TOP, 2, drafts=15, max_depth=4) == 2  # only r_3, r_4 are left
+
+
+def test_a_likelier_sibling_takes_the_only_draft():
+    realised = torch.tensor([1.0, 0.3, 0.9])
+    top = torch.tensor([[1.0, 0.0], [0.6, 0.3], [0.9, 0.1]])
+    assert oracle_accepted(realised, top, 0, drafts=1, max_depth=4) == 0
+    assert oracle_accepted(realised, top, 0, drafts=2, max_depth=4) == 1
