@@ -44,8 +44,9 @@ def initial_heads(model, cfg: SpecConfig) -> HorizonHeads:
 
 # With the cost model, the running estimates plan each step's budget before it drafts, so
 # a step drafts only what that tree can use (at 32 rows on a CPU a 2-node tree drafts in
-# 4 ms, the full tree in ~30 ms with 3-layer heads and a 1024-token draft vocabulary). The estimates for larger trees (or for any tree, where
-# none pays) are refreshed by probes that draft the full tree now and then. Where no tree
+# 4 ms, the full tree in ~30 ms with 3-layer heads and a 1024-token draft vocabulary). The
+# estimates for larger trees (or for any tree, where none pays) are refreshed by probes that
+# draft the full tree now and then. Where no tree
 # is planned but the heads' typical acceptance (a slow average) would pay at this batch
 # size, a dip is likely passing: probe every DRAFT_PROBE_EVERY steps (rarer probes kept a
 # batch-1 run from speculating for much of its length). Elsewhere probe every
