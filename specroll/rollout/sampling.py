@@ -139,15 +139,16 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Per row of `probs` [N, V] (unnormalised, >= 0, some mass), the first index whose
     cumulative mass exceeds `uniforms` [N] (float64, in [0, 1)) x the row's total mass."""
     rows, vocab = probs.shape
-    pad = -vocab % CDF_BLOCK
-    blocks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(rows, -1, CDF_BLOCK)
+    size = min(CDF_BLOCK, vocab)  # a small vocabulary is one block, not one padded to 256
+    pad = -vocab % size
+    blocks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(rows, -1, size)
     block_mass = blocks.sum(dim=-1)  # [N, blocks]
     block_cdf = block_mass.double().cumsum(dim=-1)
     target = uniforms * block_cdf[:, -1]
     block = first_above(block_cdf, target, block_mass)
-    within = torch.gather(blocks, 1, block[:, None, None].expand(-1, 1, CDF_BLOCK)).squeeze(1)
+    within = torch.gather(blocks, 1, block[:, None, None].expand(-1, 1, size)).squeeze(1)
     before = torch.gather(block_cdf, 1, (block - 1).clamp(min=0)[:, None]).squeeze(1) * (block > 0)
-    return block * CDF_BLOCK + first_above(before[:, None] + within.double().cumsum(dim=-1), target, within)
+    return block * size + first_above(before[:, None] + within.double().cumsum(dim=-1), target, within)
 
 
 def first_above(cdf: torch.Tensor, target: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
