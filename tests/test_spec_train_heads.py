@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -197,14 +198,46 @@ def test_heldout_prompts_are_spread_over_the_sampling_order(policy, prompts, tmp
         heldout_prompts(len(prompts), cfg.seed, every=1)
 
 
-def test_cut_short_cache_line_is_dropped(policy, prompts, tmp_path):
+def test_cut_short_last_line_is_dropped_and_the_cache_grows_on(policy, prompts, tmp_path):
     cfg = SampleConfig(positions=200, prompts_per_batch=4, samples_per_prompt=2, max_new_tokens=24)
     first = collect_samples(policy, prompts, cfg, tmp_path, progress=False)
+    whole = first.path.read_bytes()
     with first.path.open("a") as f:
         f.write('{"batch": 99, "sequences": [{"ids": [1, 2')
     again = collect_samples(policy, prompts, cfg, tmp_path, progress=False)
     assert again.sequences == first.sequences and again.new_batches == 0
-    assert first.path.read_text().endswith("}\n")
+    assert first.path.read_bytes() == whole
+    # A last record complete but for its newline is torn too (kept, the next batch would be glued to it).
+    first.path.write_bytes(whole[:-1])
+    again = collect_samples(policy, prompts, cfg, tmp_path, progress=False)
+    assert again.sequences == first.sequences and again.new_batches == 1
+    assert first.path.read_bytes() == whole
+    # Grown after a cut: the same file as one grown in one go.
+    first.path.write_bytes(whole + b'{"batch": 9')
+    larger = SampleConfig(**{**cfg.__dict__, "positions": 500})
+    more = collect_samples(policy, prompts, larger, tmp_path, progress=False)
+    fresh = collect_samples(policy, prompts, larger, tmp_path / "fresh", progress=False)
+    assert more.new_batches > 0 and more.sequences == fresh.sequences
+    assert more.path.read_bytes() == fresh.path.read_bytes()
+
+
+@pytest.mark.parametrize("bad", [b'{"batch": 1, "sequences": [{"ids": [1, 2', b"", b'{"batch": 1}',
+                                 b'{"batch": 1, "sequences": [{"ids": [1, 2]}]}'],
+                         ids=["cut_short", "empty", "no_sequences", "no_prompt_len"])
+@pytest.mark.parametrize("where", ["middle", "last"])
+def test_unreadable_whole_line_raises_and_leaves_the_file(policy, prompts, tmp_path, bad, where):
+    cfg = SampleConfig(positions=400, prompts_per_batch=4, samples_per_prompt=2, max_new_tokens=24)
+    path = collect_samples(policy, prompts, cfg, tmp_path, progress=False).path
+    lines = path.read_bytes().split(b"\n")[:-1]
+    assert len(lines) >= 3
+    number = 2 if where == "middle" else len(lines)  # a last line with its newline was written whole
+    lines[number - 1] = bad
+    # A cut-short tail as well: nothing is written before every line has been read.
+    corrupt = b"".join(line + b"\n" for line in lines) + b'{"batch": 9'
+    path.write_bytes(corrupt)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}, line {number}: "):
+        collect_samples(policy, prompts, cfg, tmp_path, progress=False)
+    assert path.read_bytes() == corrupt
 
 
 @pytest.mark.parametrize("head_type", ["medusa", "path"])

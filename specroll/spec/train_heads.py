@@ -106,21 +106,34 @@ def samples_cache_path(model, prompts: list[list[int]], cfg: SampleConfig, cache
     return Path(cache_dir) / f"{slug}-s{cfg.seed}-{hashlib.blake2b(key.encode(), digest_size=8).hexdigest()}.jsonl"
 
 
+def sample_batch(line: bytes) -> list[SampledSequence]:
+    """The sequences of one cache line (a json record of one batch)."""
+    record = json.loads(line)
+    return [SampledSequence(tuple(s["ids"]), s["prompt_len"], s["prompt_index"]) for s in record["sequences"]]
+
+
 def read_sample_batches(path: Path) -> list[list[SampledSequence]]:
-    """Whole batches stored in `path`; a line cut short by a crash is dropped from the file."""
+    """Whole batches stored in `path`; a last line cut short by a crash is dropped from the file.
+
+    Any other unreadable line raises and leaves the file as it is: dropping it, or what
+    follows it, would silently lose samples. A dropped batch is regenerated as it was.
+    """
     if not path.exists():
         return []
-    lines = path.read_text().splitlines()
+    data = path.read_bytes()
+    # Each record is written with its newline last, so only the text after the last newline can be torn.
+    *lines, torn = data.split(b"\n")
     batches = []
-    for line in lines:
+    for number, line in enumerate(lines, start=1):
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        batches.append([SampledSequence(tuple(s["ids"]), s["prompt_len"], s["prompt_index"])
-                        for s in record["sequences"]])
-    if len(batches) != len(lines):
-        path.write_text("".join(line + "\n" for line in lines[: len(batches)]))
+            batches.append(sample_batch(line))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"samples cache {path}, line {number}: not a batch record; only a cut-short "
+                             "last line is dropped, so fix or delete the file") from e
+    if torn:
+        # Truncated in place: rewriting the whole file would put every batch at risk of the next crash.
+        with path.open("r+b") as f:
+            f.truncate(len(data) - len(torn))
     return batches
 
 
