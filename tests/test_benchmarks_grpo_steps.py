@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from specroll.benchmarks.grpo_steps import main, summarize, two_proportion_p
+from specroll.benchmarks.grpo_steps import main, summarize, two_proportion_p, welch_p
 from specroll.telemetry import metric_names as m
 
 
@@ -13,6 +13,21 @@ def test_two_proportion_p_matches_a_hand_worked_case():
     assert two_proportion_p(30, 100, 50, 100) == pytest.approx(math.erfc(2.8868 / math.sqrt(2)), rel=1e-3)
     assert two_proportion_p(30, 100, 30, 100) == pytest.approx(1.0)
     assert two_proportion_p(0, 10, 0, 10) == 1.0  # no spread: nothing to tell apart
+
+
+def test_welch_p_matches_hand_worked_cases():
+    from scipy.stats import t
+
+    # [1, 2, 3] vs [4, 6, 8, 10]: means 2 and 7, variances 1 and 20/3; se^2 = 1/3 + 5/3 = 2,
+    # t = -5 / sqrt(2), Welch-Satterthwaite df = 2^2 / ((1/3)^2 / 2 + (5/3)^2 / 3) = 216/53.
+    assert welch_p([1, 2, 3], [4, 6, 8, 10]) == pytest.approx(2 * t.sf(5 / math.sqrt(2), 216 / 53), rel=1e-9)
+    # One sample constant: se^2 = 1/3, t = -2 sqrt(3), df = 2, where the two-sided p is 1 - |t| / sqrt(t^2 + 2).
+    assert welch_p([0, 0, 0], [1, 2, 3]) == pytest.approx(1 - math.sqrt(12 / 14), rel=1e-9)
+    # Both constant: the means are exact, so equal or not is certain.
+    assert welch_p([0, 0, 0], [1, 1, 1]) == 0.0
+    assert welch_p([0.5, 0.5], [0.5, 0.5]) == 1.0
+    # Fewer than two values: no variance, nothing to test.
+    assert welch_p([0], [1, 1, 1]) == 1.0 and welch_p([0, 1], [5]) == 1.0
 
 
 def step(gen, total, reward, accuracy, n=8, length=10.0):

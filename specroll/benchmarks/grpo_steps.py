@@ -75,11 +75,17 @@ def two_proportion_p(hits_a: float, n_a: float, hits_b: float, n_b: float) -> fl
 
 
 def welch_p(a: list[float], b: list[float]) -> float:
-    """Two-sided p-value of Welch's t-test (scipy), 1.0 when either sample has no spread."""
+    """Two-sided p-value of Welch's t-test (scipy) of 'same mean'.
+
+    With fewer than two values in a sample its variance is unknown and there is nothing to
+    test: 1.0. With no spread in either sample the means are exact: 1.0 if equal, else 0.0.
+    """
     from scipy.stats import ttest_ind
 
-    if len(a) < 2 or len(b) < 2 or (max(a) == min(a) and max(b) == min(b)):
+    if len(a) < 2 or len(b) < 2:
         return 1.0
+    if max(a) == min(a) and max(b) == min(b):
+        return 1.0 if a[0] == b[0] else 0.0  # scipy gives nan for equal constants (t = 0 / 0)
     return float(ttest_ind(a, b, equal_var=False).pvalue)
 
 
