@@ -36,7 +36,7 @@ def step(gen, total, reward, accuracy, n=8, length=10.0):
 
 
 def test_summary_leaves_warmup_steps_out_of_the_ratios():
-    results = {"vanilla": [step(100, 200, 0.5, 0.5), step(6, 10, 0.25, 0.25), step(6, 10, 0.5, 0.5)],
+    results = {"vanilla": [step(100, 200, 0.25, 0.5), step(6, 10, 0.0, 0.25), step(6, 10, 0.25, 0.5)],
                "specroll": [step(1, 2, 0.5, 0.5), step(3, 7, 0.5, 0.5, length=20), step(3, 7, 0.25, 0.25)]}
     s = summarize(results, warmup=1)
     # tokens/s: vanilla (80 + 80) / 12, specroll (160 + 80) / 6 -> 3x, although generation time is only 2x
@@ -45,7 +45,11 @@ def test_summary_leaves_warmup_steps_out_of_the_ratios():
     assert s["vanilla_gen_share"] == pytest.approx(12 / 20) and s["specroll_gen_share"] == pytest.approx(6 / 14)
     assert s["vanilla_correct"] == pytest.approx(10) and s["vanilla_responses"] == 24
     assert s["specroll_reward_mean"] == pytest.approx(10 / 24)
-    assert 0.0 <= s["reward_welch_p"] <= 1.0 and s["accuracy_p"] == pytest.approx(1.0)
+    assert s["accuracy_p"] == pytest.approx(1.0)
+    # Welch on every step's mean reward: means 1/6 and 5/12, both variances 1/48, so se = sqrt(2) / 12,
+    # t = -3 / sqrt(2) and df = 4, where with x = |t| / sqrt(t^2 + 4) = 3 / sqrt(17) the two-sided
+    # p is 1 - x (3 - x^2) / 2 = 1 - 63 / (17 sqrt(17)).
+    assert s["reward_welch_p"] == pytest.approx(1 - 63 / (17 * math.sqrt(17)), rel=1e-9)
 
 
 def test_both_modes_train_side_by_side(tmp_path, monkeypatch):
@@ -54,10 +58,16 @@ def test_both_modes_train_side_by_side(tmp_path, monkeypatch):
     summary = main(["--policy", "tiny-llama", "--heads", "null", "--dataset", "synthetic", "--steps", "2",
                     "--prompts", "2", "--n", "2", "--max-new-tokens", "8", "--run-root", str(tmp_path / "runs"),
                     "--json", str(out), "experiment=smoke", "logger.console=false", "rollout.spec.fixed_nodes=3"])
-    steps = json.loads(out.read_text())["steps"]
+    written = json.loads(out.read_text())
+    steps, warmup = written["steps"], written["args"]["warmup_steps"]
     assert [len(steps["vanilla"]), len(steps["specroll"])] == [2, 2]
     assert all(s[m.VERIFY_STEPS] > 0 and s[m.NODE_BUDGET_MEAN] == 3 for s in steps["specroll"])  # spec-only override
     assert all(m.VERIFY_STEPS not in s for s in steps["vanilla"])
     assert steps["vanilla"][1][m.POLICY_VERSION] == steps["specroll"][1][m.POLICY_VERSION] == 2
     assert summary["vanilla_responses"] == summary["specroll_responses"] == 2 * 2 * 2
-    assert summary["gen_ratio"] > 0 and summary["step_ratio"] > 0
+    assert written["summary"] == summary
+    # The ratios from the written per-step times, warm-up steps left out.
+    for ratio, name in (("gen_ratio", m.TIME_GEN), ("step_ratio", m.STEP_TIME_S)):
+        vanilla, specroll = (sum(s[name] for s in steps[mode][warmup:]) for mode in ("vanilla", "specroll"))
+        assert vanilla > 0 and specroll > 0
+        assert summary[ratio] == pytest.approx(vanilla / specroll, rel=1e-12)
