@@ -21,6 +21,7 @@ from exactness import (DecisionRecorder, bonferroni_min, collect_decisions, exac
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens
 from specroll.spec import HorizonHeads, SpecConfig
+from specroll.spec.reflex import ReflexConfig
 from specroll.spec.train_heads import HeadTrainConfig, SampleConfig, collect_samples, frequent_tokens, train_heads
 from specroll.spec.tree import DraftTree
 from specroll.spec.verify import Verdict, verify_tree
@@ -91,6 +92,16 @@ SETTINGS = {
     "t07-medusa-random-lookup-first-fixed8": Setting(dict(temperature=0.7), "medusa-random",
                                                      dict(budget="fixed", fixed_nodes=8), lookup="first",
                                                      min_deep_share=0.03),
+    # Reflex, strong enough to change drafts: the code's rule at 300x its scale, and the paper's
+    # rule (coverage term) with the reliability gate always open.
+    "t07-topp09-path-trained-fixed16-reflex": Setting(
+        dict(temperature=0.7, top_p=0.9), "path-trained",
+        dict(budget="fixed", fixed_nodes=16, adaptation="reflex", reflex=ReflexConfig(mode="code", scale=300.0)),
+        n=2000, min_deep_share=0.2),
+    "t1-medusa-trained-fixed8-reflex-paper": Setting(
+        dict(temperature=1.0), "medusa-trained",
+        dict(budget="fixed", fixed_nodes=8, adaptation="reflex",
+             reflex=ReflexConfig(mode="paper", scale=100.0, reliability_threshold=-1.0)), min_deep_share=0.03),
 }
 
 
@@ -172,6 +183,14 @@ def test_every_speculative_token_follows_the_policy(rollouts, name, record_prope
         assert out.stats["tokens_per_step_hist"].get(1, 0) > 0.3 * out.stats["verify_steps"]  # rejections are exercised
     if setting.lookup == "first":  # trees hold context lookup chains, and some of their drafts are accepted
         assert out.stats["lookup_token_share"] > 0.1
+
+
+def test_reflex_changed_the_drafts(rollouts):
+    """The Reflex settings are not the static ones in disguise: the correction moved what was drafted."""
+    static, reflex = rollouts("t07-topp09-path-trained-fixed16")[0], rollouts("t07-topp09-path-trained-fixed16-reflex")[0]
+    assert reflex.stats["reflex_on_share"] > 0.5
+    assert reflex.stats["tokens_per_step_hist"] != static.stats["tokens_per_step_hist"]
+    assert rollouts("t1-medusa-trained-fixed8-reflex-paper")[0].stats["reflex_on_share"] > 0.5
 
 
 def test_eos_inside_deep_accepted_paths(rollouts):

@@ -46,6 +46,7 @@ class DecodeState:
         self.last_tokens = last_tokens  # sampled but not yet in the cache
         self.last_hidden = last_hidden  # final hidden state at the position that produced it
         self.params = params
+        self.drafter_state = None  # per-row state a drafter keeps for the generate call (Reflex), with keep(rows)
 
     def keep(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
@@ -54,6 +55,8 @@ class DecodeState:
         self.last_tokens = self.last_tokens[rows]
         self.last_hidden = self.last_hidden[rows]
         self.rng.keep(rows)
+        if self.drafter_state is not None:
+            self.drafter_state.keep(rows)
 
 
 class PlainDecoder:

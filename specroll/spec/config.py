@@ -1,10 +1,15 @@
 """Configuration of speculative rollouts (mirrored by conf/rollout/specroll.yaml)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .budget import BUDGET_POLICIES
 from .heads import HEAD_TYPES
+from .reflex import ReflexConfig
+
+# How the drafter follows the moving policy: static = frozen heads; reflex = the fast,
+# per-response correction (spec/reflex.py).
+ADAPTATION_MODES = ("static", "reflex")
 
 
 @dataclass
@@ -29,6 +34,8 @@ class SpecConfig:
     context_lookup: bool = True
     lookup_ngram: int = 3  # longest suffix matched by context lookup
     profile_cache_len: int = 256  # cache length the hardware profile is measured at
+    adaptation: str = "static"  # how drafts follow the moving policy: static | reflex
+    reflex: ReflexConfig = field(default_factory=ReflexConfig)  # Reflex knobs (adaptation=reflex)
 
     def __post_init__(self) -> None:
         if self.num_heads < 1:
@@ -53,6 +60,8 @@ class SpecConfig:
             raise ValueError(f"spec.min_gain must be >= 0, got {self.min_gain}")
         if self.lookup_ngram < 1:
             raise ValueError(f"spec.lookup_ngram must be >= 1, got {self.lookup_ngram}")
+        if self.adaptation not in ADAPTATION_MODES:
+            raise ValueError(f"spec.adaptation must be one of {ADAPTATION_MODES}, got {self.adaptation!r}")
         if not 0 <= self.calibration_momentum < 1:
             raise ValueError(f"spec.calibration_momentum must be in [0, 1), got {self.calibration_momentum}")
 

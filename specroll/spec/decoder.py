@@ -18,6 +18,7 @@ from .config import SpecConfig
 from .heads import HorizonHeads, shipped_heads
 from .lookup import LookupAcceptance, add_lookup_candidates, lookup_drafts
 from .profile import get_profile
+from .reflex import FastState, SafetyGuard, matured_feedback
 from .tree import draft_candidates, root_only_tree, select_tree, tree_attention_mask
 from .verify import verify_tree
 
@@ -77,6 +78,8 @@ class SpecDecoder:
         self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
         # Cost model: EMA of drafting seconds by the depth drafted (index 0: no drafting).
         self.draft_s = [0.0] * (self.heads.num_heads + 1)
+        self.reflex = cfg.reflex if cfg.adaptation == "reflex" else None
+        self.guard = SafetyGuard(cfg.reflex)
         self.reset_stats()
 
     def set_heads(self, heads: HorizonHeads) -> None:
@@ -95,7 +98,9 @@ class SpecDecoder:
     def reset_stats(self) -> None:
         self.stats = {"tokens_per_step": Counter(), "budget_per_step": [], "accepted_by_depth": [0] * self.heads.num_heads,
                       "reached_by_depth": [0] * self.heads.num_heads, "time_draft_s": 0.0, "time_verify_s": 0.0,
-                      "time_bookkeeping_s": 0.0, "verify_steps": 0, "drafts_accepted": 0, "lookup_accepted": 0}
+                      "time_bookkeeping_s": 0.0, "verify_steps": 0, "drafts_accepted": 0, "lookup_accepted": 0,
+                      "time_reflex_s": 0.0, "reflex_on_steps": 0, "reflex_records": 0, "reflex_reliability": 0.0,
+                      "reflex_state_rms": 0.0, "reflex_resets": 0}
 
     def pop_stats(self) -> dict:
         s = self.stats
@@ -112,6 +117,14 @@ class SpecDecoder:
             "time_bookkeeping_s": s["time_bookkeeping_s"],
             "lookup_token_share": s["lookup_accepted"] / max(s["drafts_accepted"], 1),
         }
+        if self.reflex is not None:
+            # A generate call ends here: the guard judges it by its accepted length.
+            self.guard.end_rollout(out["tokens_per_step_mean"])
+            steps = max(s["verify_steps"], 1)
+            out.update(time_reflex_s=s["time_reflex_s"], reflex_on_share=s["reflex_on_steps"] / steps,
+                       reflex_records=s["reflex_records"], reflex_reliability=s["reflex_reliability"] / steps,
+                       reflex_state_rms=s["reflex_state_rms"] / steps, reflex_resets=s["reflex_resets"],
+                       reflex_guard_trips=self.guard.trips)
         self.reset_stats()
         return out
 
@@ -127,9 +140,15 @@ class SpecDecoder:
 
     def draft(self, state: DecodeState, max_drafts: int):
         """The heads' candidates, plus each row's context lookup chain (None if off)."""
+        adjust, sketch = None, 0
+        if self.reflex is not None:
+            fast, sketch = self.fast_state(state), self.reflex.sketch_size
+            if self.guard.allows and bool(fast.active(self.reflex).any()):
+                adjust = lambda depth, states: fast.correction(states, depth, self.reflex)  # noqa: E731
+                self.stats["reflex_on_steps"] += 1
         cands = draft_candidates(self.heads, self.model, state.last_hidden, state.last_tokens,
                                  max_drafts, self.log_calibration(), self.cfg.max_children,
-                                 self.cfg.max_frontier)
+                                 self.cfg.max_frontier, adjust, sketch)
         if not self.cfg.context_lookup:
             return cands, None
         history = state.history
@@ -177,10 +196,35 @@ class SpecDecoder:
             self.update_calibration(verdict)
         on_chain = None if lookup is None else self.lookup_acceptance.update(lookup, verdict.tokens, verdict.counts)
         self.record(verdict, budget, on_chain)
+        if self.reflex is not None:
+            self.learn_reflex(state, cands if budget > 1 else None, tree, verdict, logprobs)
         self.stats["time_draft_s"] += t1 - t0
         self.stats["time_verify_s"] += t2 - t1
         self.stats["time_bookkeeping_s"] += time.perf_counter() - t2
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
+
+    def fast_state(self, state: DecodeState) -> FastState:
+        """Reflex's per-response state, created with the generate call's rows (all at zero)."""
+        if state.drafter_state is None:
+            state.drafter_state = FastState(len(state.row_ids), self.model.config.hidden_size, state.last_hidden.device)
+        return state.drafter_state
+
+    def learn_reflex(self, state: DecodeState, cands, tree, verdict, logprobs: torch.Tensor) -> None:
+        """Feed the records this pass matured into each row's fast state (cands None: nothing was drafted)."""
+        started = time.perf_counter()
+        fast, cfg = self.fast_state(state), self.reflex
+        if cands is not None and cands.proposals:
+            feedback = matured_feedback(cands.proposals, tree, verdict, logprobs, self.model.lm_head.weight, cfg)
+        else:
+            feedback = FastState.no_feedback(verdict.counts.shape[0], self.model.config.hidden_size, logprobs.device)
+        resets = fast.resets
+        fast.update(feedback, verdict.counts, cfg)
+        s = self.stats
+        s["reflex_records"] += int(feedback.records.sum())
+        s["reflex_resets"] += fast.resets - resets
+        s["reflex_reliability"] += float(fast.reliability.mean())
+        s["reflex_state_rms"] += float(fast.state.pow(2).mean(dim=1).sqrt().mean())
+        s["time_reflex_s"] += time.perf_counter() - started
 
     def planned_drafts(self, batch: int) -> int:
         """Cost model: how many nodes this step drafts (0: a plain step). Where a tree pays by

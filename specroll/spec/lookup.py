@@ -96,7 +96,7 @@ def add_lookup_candidates(cands: Candidates, lookup: LookupDrafts, step_logp: to
     extra = {k: torch.stack(v, dim=1) for k, v in new.items()}
     return Candidates(torch.cat((cands.tokens, extra["tokens"]), 1), torch.cat((cands.parents, extra["parents"]), 1),
                       torch.cat((cands.depths, extra["depths"]), 1), torch.cat((scores, extra["scores"]), 1),
-                      torch.cat((cands.head_probs, extra["head_probs"].to(cands.head_probs.dtype)), 1))
+                      torch.cat((cands.head_probs, extra["head_probs"].to(cands.head_probs.dtype)), 1), cands.proposals)
 
 
 def either(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .reflex import Proposal
+
 # Ranks a child strictly below its parent even when its own step has probability one.
 _DEPTH_TIEBREAK = 1e-4
 
@@ -31,6 +33,7 @@ class Candidates:
     depths: torch.Tensor  # [B, C] 1..H
     scores: torch.Tensor  # [B, C] estimated log-probability of acceptance (-inf = unusable)
     head_probs: torch.Tensor  # [B, C] head probability of the token given its parent
+    proposals: list | None = None  # Reflex: the heads' sketch at each depth (`reflex.Proposal`), if asked for
 
     def ranked(self) -> torch.Tensor:
         """Candidate order by decreasing score, parents always before their children: [B, C]."""
@@ -51,6 +54,7 @@ class DraftTree:
     depths: torch.Tensor  # [B, M]
     valid: torch.Tensor  # [B, M] False for padding when a row has fewer usable nodes
     head_probs: torch.Tensor  # [B, M]
+    candidates: torch.Tensor | None = None  # [B, M] candidate id of each node (see `Candidates`)
 
     @property
     def num_drafts(self) -> int:
@@ -59,7 +63,8 @@ class DraftTree:
 
 @torch.no_grad()
 def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, max_drafts: int,
-                     log_calibration: torch.Tensor, max_children: int = 8, max_frontier: int = 4) -> Candidates:
+                     log_calibration: torch.Tensor, max_children: int = 8, max_frontier: int = 4,
+                     adjust=None, sketch_size: int = 0) -> Candidates:
     """Draft up to `max_drafts` nodes per depth, to depth min(H, max_drafts), for each row
     from its own heads.
 
@@ -68,6 +73,8 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
 
     hidden [B, D]: the policy's final hidden state at the position that produced `roots` [B].
     log_calibration [H]: per-depth log correction of head probabilities (learned online).
+    adjust(depth, states [B, F, D]) -> what head `depth` (1-based) feeds the LM head (Reflex).
+    sketch_size m > 0 keeps each depth's top-m head distribution per frontier node (Reflex).
     """
     batch = hidden.shape[0]
     width = min(max_children, max_drafts)
@@ -75,7 +82,7 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
     frontier_tokens = roots[:, None]
     frontier_scores = torch.zeros(batch, 1, device=hidden.device)
     frontier_ids = torch.full((batch, 1), -1, dtype=torch.long, device=hidden.device)
-    tokens, parents, depths, scores, head_probs = [], [], [], [], []
+    tokens, parents, depths, scores, head_probs, proposals = [], [], [], [], [], []
     next_id = 0
     lm_head = model.lm_head.weight  # the policy's own, read every call, so drafts follow its updates
     width = min(width, heads.draft_vocab_size(lm_head))
@@ -86,10 +93,15 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
         else:
             emb = model.embed_tokens(frontier_tokens)
             states = heads.step(d, state, hidden[:, None].expand_as(emb), emb)
-        logp = torch.log_softmax(heads.draft_logits(states, lm_head).float(), dim=-1)
-        top_lp, top_tok = logp.topk(width, dim=-1)  # [B, F or 1, W]
+        logits_input = states if adjust is None else states + adjust(d + 1, states)
+        logp = torch.log_softmax(heads.draft_logits(logits_input, lm_head).float(), dim=-1)
+        top_lp, top_tok = logp.topk(min(max(width, sketch_size), logp.shape[-1]), dim=-1)  # [B, F or 1, >= W]
         if heads.draft_vocab is not None:
             top_tok = heads.draft_vocab[top_tok]
+        if sketch_size:
+            shape = (batch, frontier_ids.shape[1], min(sketch_size, top_lp.shape[-1]))
+            proposals.append(Proposal(frontier_ids, top_lp[..., : shape[2]].expand(shape), top_tok[..., : shape[2]].expand(shape)))
+        top_lp, top_tok = top_lp[..., :width], top_tok[..., :width]
         step = (top_lp + log_calibration[d]).clamp(max=0.0)
         cand = (frontier_scores[..., None] + step).flatten(1)  # [B, F*W]
         keep = min(max_drafts, cand.shape[1])
@@ -110,7 +122,7 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
         frontier_ids = torch.arange(next_id, next_id + width_next, device=hidden.device)[None].expand(batch, -1)
         next_id += keep
     return Candidates(torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(depths, 1),
-                      torch.cat(scores, 1), torch.cat(head_probs, 1))
+                      torch.cat(scores, 1), torch.cat(head_probs, 1), proposals if sketch_size else None)
 
 
 def select_tree(cands: Candidates, num_drafts: int) -> DraftTree:
@@ -126,7 +138,7 @@ def select_tree(cands: Candidates, num_drafts: int) -> DraftTree:
     combined.scatter_(1, chosen + 1, torch.arange(1, num_drafts + 1, device=tokens.device).expand(batch, -1))
     parents = torch.gather(combined, 1, torch.gather(cands.parents, 1, chosen) + 1)
     valid = torch.isfinite(scores)
-    return DraftTree(tokens, parents.masked_fill(~valid, 0), depths, valid, head_probs)
+    return DraftTree(tokens, parents.masked_fill(~valid, 0), depths, valid, head_probs, chosen)
 
 
 def tree_attention_mask(tree: DraftTree) -> torch.Tensor:

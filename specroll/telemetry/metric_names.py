@@ -43,6 +43,13 @@ VERIFY_STEPS = metric("spec/verify_steps", "verify passes, summed over rollout a
 LOOKUP_TOKEN_SHARE = metric("spec/lookup_token_share", "share of accepted drafts that context lookup proposed (some also by the heads)")
 DRAFT_TIME_FRAC = metric("spec/draft_time_frac", "share of speculative step time spent drafting trees")
 HEAD_VERSION = metric("spec/head_version", "version of the draft heads the rollout actors used")
+REFLEX_ON_FRAC = metric("spec/reflex_on_frac", "share of verify passes whose drafts carried a Reflex correction")
+REFLEX_RELIABILITY = metric("spec/reflex_reliability", "mean Reflex reliability (cosine of predicted and new feedback)")
+REFLEX_STATE_RMS = metric("spec/reflex_state_rms", "mean RMS of the responses' Reflex fast states")
+REFLEX_RECORDS = metric("spec/reflex_records", "draft records that matured into Reflex feedback, all actors")
+REFLEX_RESETS = metric("spec/reflex_resets", "Reflex fast states reset by a feedback blow-up, all actors")
+REFLEX_GUARD_TRIPS = metric("spec/reflex_guard_trips", "times the guard switched Reflex off since the run began, summed over actors")
+REFLEX_TIME_FRAC = metric("spec/reflex_time_frac", "share of speculative step time spent on Reflex feedback")
 
 # perf/*: throughput.
 GEN_TOKENS_PER_S = metric("perf/gen_tokens_per_s", "response tokens generated per second, all rollout actors together")

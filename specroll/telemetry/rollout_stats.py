@@ -58,6 +58,26 @@ def summarize_rollout_stats(stats: Mapping | Sequence[Mapping], head_version: in
     spent = sum(s["time_draft_s"] + s["time_verify_s"] + s["time_bookkeeping_s"] for s in spec_parts)
     if spent > 0:
         out[m.DRAFT_TIME_FRAC] = sum(s["time_draft_s"] for s in spec_parts) / spent
+    reflex_parts = [s for s in spec_parts if "reflex_records" in s]
+    if reflex_parts:
+        out.update(reflex_metrics(reflex_parts, spent))
+    return out
+
+
+def reflex_metrics(parts: Sequence[Mapping], spent_s: float) -> dict[str, float]:
+    """`spec/reflex_*` of engines with Reflex on: rates weighted by verify passes, counts summed."""
+    passes = [max(s["verify_steps"], 1) for s in parts]
+
+    def weighted(name: str) -> float:
+        return sum(s[name] * w for s, w in zip(parts, passes)) / sum(passes)
+
+    out = {m.REFLEX_ON_FRAC: weighted("reflex_on_share"), m.REFLEX_RELIABILITY: weighted("reflex_reliability"),
+           m.REFLEX_STATE_RMS: weighted("reflex_state_rms"),
+           m.REFLEX_RECORDS: float(sum(s["reflex_records"] for s in parts)),
+           m.REFLEX_RESETS: float(sum(s["reflex_resets"] for s in parts)),
+           m.REFLEX_GUARD_TRIPS: float(sum(s["reflex_guard_trips"] for s in parts))}
+    if spent_s > 0:
+        out[m.REFLEX_TIME_FRAC] = sum(s["time_reflex_s"] for s in parts) / spent_s
     return out
 
 
