@@ -1,6 +1,7 @@
 """Exact speculative rollouts: horizon heads, sparse draft trees, one-pass tree verification."""
 from .config import SpecConfig
 from .decoder import SpecDecoder
+from .drift import DriftConfig, DriftDetector, HeadTelemetry
 from .heads import HorizonHeads, shipped_heads
 from .profile import HardwareProfile, get_profile, measure_profile
 from .tree import DraftTree, draft_candidates, select_tree, tree_attention_mask
@@ -8,7 +9,10 @@ from .verify import verify_tree
 
 __all__ = [
     "DraftTree",
+    "DriftConfig",
+    "DriftDetector",
     "HardwareProfile",
+    "HeadTelemetry",
     "HorizonHeads",
     "SpecConfig",
     "SpecDecoder",
