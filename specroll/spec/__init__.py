@@ -4,6 +4,7 @@ from .decoder import SpecDecoder
 from .drift import DriftConfig, DriftDetector, HeadTelemetry
 from .heads import HorizonHeads, shipped_heads
 from .profile import HardwareProfile, get_profile, measure_profile
+from .replay import MaturedRecords, ReplayMemory
 from .tree import DraftTree, draft_candidates, select_tree, tree_attention_mask
 from .verify import verify_tree
 
@@ -14,6 +15,8 @@ __all__ = [
     "HardwareProfile",
     "HeadTelemetry",
     "HorizonHeads",
+    "MaturedRecords",
+    "ReplayMemory",
     "SpecConfig",
     "SpecDecoder",
     "draft_candidates",

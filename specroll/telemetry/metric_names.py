@@ -93,6 +93,8 @@ HEADS_UPDATES = metric("heads/updates", "head-only updates run since the start o
 HEADS_LOSS = metric("heads/loss", "draft-head training loss of the latest update")
 HEADS_DRIFT_Z_MAX = metric("heads/drift_z_max", "largest robust TV z of a draft head at the step's drift check (absent without one)")
 HEADS_DRIFT_TRIGGERS = metric("heads/drift_triggers", "drift events (head updates asked for) since the start of the run")
+HEADS_REPLAY_RECORDS = metric("heads/replay_records", "matured draft records in the replay memory at the end of the step")
+HEADS_REPLAY_DROPPED = metric("heads/replay_dropped", "matured records evicted by the replay cap since the start of the run")
 
 _TEMPLATE_PATTERNS = {re.compile(re.escape(t).replace(re.escape("{d}"), "[1-9][0-9]*") + "$"): t for t in TEMPLATES}
 
