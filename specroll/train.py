@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from specroll.actors import ActorFailedError, Rollouts, RunActors
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.data import PromptStream, load_problems
-from specroll.learner import latest_checkpoint
+from specroll.learner import latest_checkpoint, latest_intact_checkpoint, verify_checkpoint
 from specroll.models import resolve_checkpoint
 from specroll.telemetry import MetricsLogger, StepProgress, response_metrics, summarize_rollout_stats
 from specroll.telemetry import metric_names as m
@@ -153,15 +153,27 @@ def save_resolved_config(cfg: TrainConfig, run_dir: Path) -> None:
 
 
 def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
+    """The checkpoint `cfg.resume` names, its files verified against its marker, before any actor starts.
+
+    resume=auto takes the newest intact one (warning about each damaged newer one); an explicit
+    path that is damaged raises naming the file rather than falling back to something not asked for.
+    """
     newest = latest_checkpoint(checkpoints)
     if cfg.resume == "auto":
-        return newest
+        intact = latest_intact_checkpoint(checkpoints)
+        if newest is not None and intact is None:
+            # Starting afresh would let rotation delete the damaged ones: the user decides.
+            raise ValueError(f"resume=auto: no checkpoint under {checkpoints} is intact (see the warnings); "
+                             "repair one, pass resume=<path>, or choose a new run_dir")
+        return intact
     if cfg.resume == "never":
         if newest is not None:
             raise ValueError(f"resume: run_dir {cfg.run_dir} already holds checkpoints (newest {newest.name}); "
                              "resume=auto continues them, or choose a new run_dir")
         return None
-    return Path(cfg.resume).expanduser()
+    path = Path(cfg.resume).expanduser()
+    verify_checkpoint(path)
+    return path
 
 
 def connect_ray(cluster: ClusterSection) -> bool:

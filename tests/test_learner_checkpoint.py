@@ -1,4 +1,5 @@
-"""Run checkpoints on real DeepSpeed (CPU, gloo): exact resume, atomicity, rotation, export."""
+"""Run checkpoints on real DeepSpeed (CPU, gloo): exact resume, atomicity, rotation, damage
+found and named, RNG states without pickle, export."""
 
 import json
 import random
@@ -9,13 +10,17 @@ import torch
 from safetensors.torch import load_file
 
 from specroll.learner import (
+    CheckpointDamagedError,
     GRPOLearner,
     GRPOSamples,
     LearnerConfig,
+    RngState,
     export_hf,
     latest_checkpoint,
+    latest_intact_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    verify_checkpoint,
 )
 from specroll.models import CausalLM, build_tiny_model
 
@@ -100,7 +105,7 @@ def test_interrupted_saves_are_ignored_and_cleaned_up(tmp_path):
     (unmarked / "state.json").write_text(json.dumps({"step": 3}))
 
     assert latest_checkpoint(tmp_path) == good
-    with pytest.raises(ValueError, match="not a complete checkpoint"):
+    with pytest.raises(ValueError, match="step_00000003 is not complete"):
         load_checkpoint(learner, unmarked)
     save_checkpoint(learner, tmp_path, step=4)
     assert not (tmp_path / "step_00000002.tmp").exists()
@@ -113,6 +118,86 @@ def test_rotation_keeps_the_newest_k(tmp_path):
         save_checkpoint(learner, tmp_path, step=step, keep_last=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003", "step_00000004"]
     assert latest_checkpoint(tmp_path / "missing") is None
+
+
+MODEL_STATES = "deepspeed/mp_rank_00_model_states.pt"
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_last_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def two_checkpoints(tmp_path):
+    learner = make_learner()
+    learner.update(random_samples(4, seed=5))
+    older = save_checkpoint(learner, tmp_path, step=1)
+    learner.update(random_samples(4, seed=6))
+    return learner, older, save_checkpoint(learner, tmp_path, step=2)
+
+
+def test_the_marker_records_every_file_with_its_size(tmp_path):
+    _, _, newest = two_checkpoints(tmp_path)
+    recorded = json.loads((newest / "COMPLETE").read_text())
+    on_disk = {p.relative_to(newest).as_posix(): p.stat().st_size for p in newest.rglob("*") if p.is_file()}
+    del on_disk["COMPLETE"]
+    assert {name: r["size"] for name, r in recorded["files"].items()} == on_disk
+    assert recorded["step"] == 2 and MODEL_STATES in on_disk and "rng_rank0.pt" in on_disk
+
+
+@pytest.mark.parametrize("damage, problem", [(truncate, r"\d+ bytes; \d+ were saved"),
+                                             (flip_last_byte, "another sha256 than was saved")])
+def test_a_damaged_newest_checkpoint_falls_back_naming_the_file(tmp_path, damage, problem):
+    _, older, newest = two_checkpoints(tmp_path)
+    damage(newest / MODEL_STATES)
+    with pytest.warns(UserWarning, match=f"step_00000002 is damaged: {MODEL_STATES} has {problem}.*; falling back"):
+        assert latest_intact_checkpoint(tmp_path) == older
+    assert latest_checkpoint(tmp_path) == newest  # complete, just not intact
+    assert load_checkpoint(make_learner(), older).step == 1
+
+
+def test_an_explicit_damaged_checkpoint_fails_naming_the_file(tmp_path):
+    learner, older, newest = two_checkpoints(tmp_path)
+    truncate(newest / MODEL_STATES)
+    with pytest.raises(CheckpointDamagedError, match=f"step_00000002 is damaged: {MODEL_STATES} has") as failure:
+        load_checkpoint(learner, newest)
+    assert failure.value.file == MODEL_STATES
+    (older / "rng_rank0.pt").unlink()
+    with pytest.raises(CheckpointDamagedError, match="step_00000001 is damaged: rng_rank0.pt is missing"):
+        verify_checkpoint(older)
+    # Nothing intact is left: no checkpoint rather than a damaged one, each named in a warning.
+    with pytest.warns(UserWarning) as caught:
+        assert latest_intact_checkpoint(tmp_path) is None
+    assert [str(w.message).split(" is damaged: ")[1].split(" ")[0] for w in caught] == [MODEL_STATES, "rng_rank0.pt"]
+
+
+def test_a_checkpoint_from_before_file_records_resumes_with_warnings(tmp_path):
+    _, _, newest = two_checkpoints(tmp_path)
+    # What save_checkpoint wrote before: a bare step in the marker and pickled numpy RNG states.
+    (newest / "COMPLETE").write_text("2\n")
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                "cuda": None}, newest / "rng_rank0.pt")
+    with pytest.warns(UserWarning) as caught:
+        state = load_checkpoint(make_learner(), newest)
+    assert state.step == 2
+    messages = [str(w.message) for w in caught]
+    assert any("predates file hashes" in text for text in messages)
+    assert any("rng_rank0.pt holds RNG states in the old pickled format" in text for text in messages)
+
+
+def test_rng_state_loads_without_pickle_and_restores_every_stream(tmp_path):
+    random.gauss(0, 1), np.random.standard_normal()  # both cache a second normal draw: it is part of the state
+    saved = save_checkpoint(make_learner(), tmp_path, step=1)
+    expected = draw_random_numbers(), random.gauss(0, 1), np.random.standard_normal()
+    raw = torch.load(saved / "rng_rank0.pt", weights_only=True)
+    assert set(raw) == {f for f in RngState.__dataclass_fields__}
+    RngState(**raw).restore()
+    assert (draw_random_numbers(), random.gauss(0, 1), np.random.standard_normal()) == expected
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,9 @@ from omegaconf import OmegaConf
 from specroll.actors import ActorFailedError
 from specroll.configs import load_train_config
 from specroll.data import PromptStream, load_problems
-from specroll.train import run_training
+from specroll.learner import CheckpointDamagedError, GRPOLearner, LearnerConfig, save_checkpoint
+from specroll.models import build_tiny_model
+from specroll.train import checkpoint_to_resume, run_training
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -104,3 +106,19 @@ def test_limits_of_the_model_fail_at_actor_start_naming_the_field(ray_cluster, t
     with pytest.raises(ActorFailedError, match=r"rollout actor 0 died during start-up.*rollout.max_new_tokens \(253\) "
                                                r"\+ rollout.spec.max_nodes \(4\) = 257 exceeds"):
         run_training(cfg)
+
+
+def test_resume_passes_over_a_damaged_checkpoint_only_when_auto(tmp_path):
+    checkpoints = tmp_path / "run" / "checkpoints"
+    learner = GRPOLearner(build_tiny_model(), LearnerConfig(device="cpu"))
+    older, newest = (save_checkpoint(learner, checkpoints, step=step) for step in (1, 2))
+    model_states = newest / "deepspeed" / "mp_rank_00_model_states.pt"
+    model_states.write_bytes(model_states.read_bytes()[:100])
+
+    with pytest.warns(UserWarning, match="step_00000002 is damaged: deepspeed/mp_rank_00_model_states.pt has 100 bytes"):
+        assert checkpoint_to_resume(config(tmp_path, []), checkpoints) == older
+    with pytest.raises(CheckpointDamagedError, match="step_00000002 is damaged: deepspeed/mp_rank_00_model_states.pt"):
+        checkpoint_to_resume(config(tmp_path, [f"resume={newest}"]), checkpoints)
+    (older / "state.json").unlink()
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="resume=auto: no checkpoint under .* is intact"):
+        checkpoint_to_resume(config(tmp_path, []), checkpoints)

@@ -83,6 +83,7 @@ class LearnerActor:
     def restore(self, path: str) -> dict:
         """Load a checkpoint into this rank; returns what the driver resumes from (step, data
         position, heads, W&B run id, policy version)."""
-        state = load_checkpoint(self.learner, Path(path))
+        # The driver verified the files against the marker before starting us: hashing is not repeated per rank.
+        state = load_checkpoint(self.learner, Path(path), verify=False)
         return {"step": state.step, "data_position": state.data_position, "heads": state.heads,
                 "wandb_run_id": state.wandb_run_id, "policy_version": state.policy_version, "path": str(state.path)}

@@ -1,22 +1,35 @@
 """The GRPO learner: DeepSpeed-wrapped policy updates, run checkpoints and HF export."""
 from .batching import GRPOSamples, MicroBatch, loss_normalizer, micro_batch_indices, mini_batch_indices, pad_samples
-from .checkpoint import ResumeState, export_hf, latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import (
+    CheckpointDamagedError,
+    ResumeState,
+    RngState,
+    export_hf,
+    latest_checkpoint,
+    latest_intact_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
 from .config import LearnerConfig
 from .grpo_learner import GRPOLearner, build_ds_config, build_engine, ensure_distributed, lr_multiplier
 from .logprobs import ResponseLogprobs, sequence_logprobs
 
 __all__ = [
+    "CheckpointDamagedError",
     "GRPOLearner",
     "GRPOSamples",
     "LearnerConfig",
     "MicroBatch",
     "ResponseLogprobs",
     "ResumeState",
+    "RngState",
     "build_ds_config",
     "build_engine",
     "ensure_distributed",
     "export_hf",
     "latest_checkpoint",
+    "latest_intact_checkpoint",
     "load_checkpoint",
     "loss_normalizer",
     "lr_multiplier",
@@ -25,4 +38,5 @@ __all__ = [
     "pad_samples",
     "save_checkpoint",
     "sequence_logprobs",
+    "verify_checkpoint",
 ]
