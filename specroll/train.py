@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -37,6 +38,9 @@ from specroll.telemetry.sinks import JSONL_NAME
 CONF_ENV = "SPECROLL_CONF"
 CHECKPOINTS = "checkpoints"  # under run_dir
 CONFIG_NAME = "config.yaml"  # under run_dir: the resolved config of the latest launch
+FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks, kept for ours
+# Errors whose message names what failed (a config field, a checkpoint file, an actor): a traceback adds nothing.
+REPORTED_ERRORS = (ValueError, FileNotFoundError, ActorFailedError)
 
 
 def conf_dir() -> str:
@@ -253,14 +257,25 @@ def describe(summary: dict) -> str:
     return "\n".join(lines)
 
 
+@contextmanager
+def errors_as_messages(prefix: str) -> Iterator[None]:
+    """A `REPORTED_ERRORS` error leaves as `prefix: message` on stderr and exit status 1, without the
+    traceback Hydra would print first; with HYDRA_FULL_ERROR=1 it propagates, traceback and all."""
+    try:
+        yield
+    except REPORTED_ERRORS as exc:
+        if os.environ.get(FULL_ERROR_ENV) == "1":
+            raise
+        raise SystemExit(f"{prefix}: {exc}") from None
+
+
 @hydra.main(config_path=conf_dir(), config_name="config", version_base=None)
 def main(hydra_cfg: DictConfig) -> None:
-    try:
+    with errors_as_messages("invalid config"):
         cfg = load_train_config(hydra_cfg)
         check_runnable(cfg)
-    except ValueError as exc:
-        raise SystemExit(f"invalid config: {exc}") from None
-    print(describe(run_training(cfg)), flush=True)
+    with errors_as_messages("error"):
+        print(describe(run_training(cfg)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The driver (`specroll.train`) end to end on a real local Ray cluster with a tiny model:
 failures name the actor, resume=auto continues where the last checkpoint left off, Hydra
-overrides change what runs, and invalid configs fail before anything starts."""
+overrides change what runs, invalid configs fail before anything starts, and errors reach the
+user as their message alone."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +18,12 @@ from specroll.configs import load_train_config
 from specroll.data import PromptStream, load_problems
 from specroll.learner import CheckpointDamagedError, GRPOLearner, LearnerConfig, save_checkpoint
 from specroll.models import build_tiny_model
-from specroll.train import checkpoint_to_resume, run_training
+from specroll.train import checkpoint_to_resume, errors_as_messages, run_training
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+# `python -m specroll.train` in a subprocess must import this checkout, not whichever one the venv has installed.
+CHECKOUT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +92,7 @@ def test_hydra_overrides_change_what_runs(ray_cluster, tmp_path):
 
 def test_invalid_configs_fail_before_anything_starts(tmp_path):
     result = subprocess.run([sys.executable, "-m", "specroll.train", "experiment=smoke", "cluster.num_rollout_actors=3"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=CHECKOUT_ENV)
     assert result.returncode != 0
     assert "invalid config: cluster.num_rollout_actors (3) must be <= data.prompts_per_step (2)" in result.stderr
     assert "Ray" not in result.stdout + result.stderr
@@ -122,3 +127,43 @@ def test_resume_passes_over_a_damaged_checkpoint_only_when_auto(tmp_path):
     (older / "state.json").unlink()
     with pytest.warns(UserWarning), pytest.raises(ValueError, match="resume=auto: no checkpoint under .* is intact"):
         checkpoint_to_resume(config(tmp_path, []), checkpoints)
+
+
+def damaged_checkpoint(checkpoints: Path) -> Path:
+    saved = save_checkpoint(GRPOLearner(build_tiny_model(), LearnerConfig(device="cpu")), checkpoints, step=1)
+    model_states = saved / "deepspeed" / "mp_rank_00_model_states.pt"
+    model_states.write_bytes(model_states.read_bytes()[:100])
+    return saved
+
+
+def train_in_subprocess(tmp_path, overrides, **env):
+    return subprocess.run([sys.executable, "-m", "specroll.train", "experiment=smoke", f"run_dir={tmp_path / 'run'}",
+                           *overrides], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**CHECKOUT_ENV, **env})
+
+
+def test_a_failed_resume_prints_the_error_alone_and_exits_non_zero(tmp_path):
+    saved = damaged_checkpoint(tmp_path / "elsewhere")
+    message = f"error: checkpoint {saved} is damaged: deepspeed/mp_rank_00_model_states.pt has 100 bytes"
+
+    result = train_in_subprocess(tmp_path, [f"resume={saved}"], HYDRA_FULL_ERROR="0")
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith(message), result.stderr
+    assert "Traceback" not in result.stderr and "Ray" not in result.stdout + result.stderr
+
+    result = train_in_subprocess(tmp_path, [f"resume={saved}"], HYDRA_FULL_ERROR="1")
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "specroll.learner.checkpoint.CheckpointDamagedError" in result.stderr
+
+
+def test_a_dead_actor_is_reported_as_its_message(monkeypatch):
+    failure = ActorFailedError("rollout actor 1 died during load_policy: killed\n  run again with resume=auto")
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as exited, errors_as_messages("error"):
+        raise failure
+    assert exited.value.code == f"error: {failure}" and exited.value.__cause__ is None
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(ActorFailedError), errors_as_messages("error"):
+        raise failure
+    with pytest.raises(KeyError), errors_as_messages("error"):  # an unnamed error (a bug) keeps its traceback
+        raise KeyError("x")
