@@ -17,6 +17,7 @@ from .budget import concurrency_budget, cost_model_budget, speculation_may_pay
 from .config import SpecConfig
 from .heads import HorizonHeads, shipped_heads
 from .lookup import LookupAcceptance, add_lookup_candidates, lookup_drafts
+from .maturation import matured_proposals
 from .profile import get_profile
 from .reflex import FastState, SafetyGuard, matured_feedback
 from .tree import draft_candidates, root_only_tree, select_tree, tree_attention_mask
@@ -214,7 +215,8 @@ class SpecDecoder:
         started = time.perf_counter()
         fast, cfg = self.fast_state(state), self.reflex
         if cands is not None and cands.proposals:
-            feedback = matured_feedback(cands.proposals, tree, verdict, logprobs, self.model.lm_head.weight, cfg)
+            matured = matured_proposals(cands.proposals, tree, verdict)
+            feedback = matured_feedback(matured, logprobs, self.model.lm_head.weight, cfg)
         else:
             feedback = FastState.no_feedback(verdict.counts.shape[0], self.model.config.hidden_size, logprobs.device)
         resets = fast.resets

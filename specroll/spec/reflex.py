@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .maturation import MaturedProposals
+
 REFLEX_MODES = ("paper", "code")
 
 
@@ -77,16 +79,6 @@ class ReflexConfig:
         for name in ("guard_baseline_rollouts", "guard_bad_in_a_row", "guard_off_rollouts"):
             check(getattr(self, name) >= 1, name, ">= 1")
         check(0 < self.guard_ratio <= 1, "guard_ratio", "in (0, 1]")
-
-
-@dataclass
-class Proposal:
-    """The heads' sketch at one depth of drafting: for each frontier node, head k's top-m
-    distribution over that node's children."""
-
-    parents: torch.Tensor  # [B, F] candidate id of the node drafted from (-1: the root)
-    top_logp: torch.Tensor  # [B, F, m] head log-probs (normalised over the draft vocabulary)
-    top_ids: torch.Tensor  # [B, F, m] their token ids
 
 
 @dataclass
@@ -229,33 +221,18 @@ class SafetyGuard:
             self.trips += 1
 
 
-def matured_feedback(proposals: list[Proposal], tree, verdict, target_logp: torch.Tensor, lm_head: torch.Tensor,
+def matured_feedback(matured: MaturedProposals, target_logp: torch.Tensor, lm_head: torch.Tensor,
                      cfg: ReflexConfig) -> Feedback:
-    """The records that matured in one verify pass, reduced per row.
-
-    Along each row's accepted path (root and accepted nodes, the last reached one included),
-    the node at depth j was drafted from by head j + 1 if it was on that depth's frontier:
-    its sketch there meets the policy's distribution there (`target_logp` [B, 1+M, V], from
-    the verify pass). Drafts beyond the accepted path were conditioned on tokens that did not
-    happen, so they never mature.
-    """
+    """The records that matured in one verify pass (`target_logp` [B, 1+M, V] from it), reduced per row."""
     batch, device = target_logp.shape[0], target_logp.device
-    rows = torch.arange(batch, device=device)
-    node_candidate = torch.cat((torch.full((batch, 1), -1, dtype=torch.long, device=device), tree.candidates), dim=1)
     direction = torch.zeros(batch, lm_head.shape[1], device=device)
     gate_mass, records, tv_sum = (torch.zeros(batch, device=device) for _ in range(3))
-    coverage = cfg.coverage_weight if cfg.mode == "paper" else 0.0
-    for j, proposal in enumerate(proposals[: verdict.path.shape[1]]):
-        node = verdict.path[:, j]  # [B] combined index of the accepted path's node at depth j
-        match = proposal.parents == node_candidate.gather(1, node[:, None])  # [B, F]
-        has = match.any(dim=1) & (j < verdict.counts)
-        if not bool(has.any()):
-            continue
-        r, slot = rows[has], match.int().argmax(dim=1)[has]
-        children = torch.where((tree.parents[r] == node[r, None]) & tree.valid[r], tree.tokens[r], -1)
-        error, tv = record_errors(target_logp[r, node[r]], proposal.top_logp[r, slot], proposal.top_ids[r, slot],
-                                  children, lm_head, cfg.sketch_size, coverage)
-        gate = record_gate(tv, torch.full_like(tv, j + 1), cfg)
+    if len(matured.row):
+        coverage = cfg.coverage_weight if cfg.mode == "paper" else 0.0
+        r = matured.row
+        error, tv = record_errors(target_logp[r, matured.node], matured.head_logp, matured.head_ids, matured.children,
+                                  lm_head, cfg.sketch_size, coverage)
+        gate = record_gate(tv, matured.depth + 1, cfg)
         direction.index_add_(0, r, gate[:, None] * error)
         gate_mass.index_add_(0, r, gate)
         records.index_add_(0, r, torch.ones_like(gate))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .reflex import Proposal
+from .maturation import Proposal
 
 # Ranks a child strictly below its parent even when its own step has probability one.
 _DEPTH_TIEBREAK = 1e-4
