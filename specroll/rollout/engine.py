@@ -41,6 +41,7 @@ class DecodeState:
                  last_tokens: torch.Tensor, last_hidden: torch.Tensor, params: SamplingParams):
         self.cache = cache
         self.history = history  # prompt + emitted ids per row (the last one is last_tokens)
+        self.prompt_lengths = history.lengths.clone()  # made before any response token is appended
         self.row_ids = row_ids  # output index of each cache row
         self.rng = rng
         self.last_tokens = last_tokens  # sampled but not yet in the cache
@@ -51,6 +52,7 @@ class DecodeState:
     def keep(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
         self.history.keep(rows)
+        self.prompt_lengths = self.prompt_lengths[rows]
         self.row_ids = self.row_ids[rows]
         self.last_tokens = self.last_tokens[rows]
         self.last_hidden = self.last_hidden[rows]

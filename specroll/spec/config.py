@@ -4,12 +4,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .budget import BUDGET_POLICIES
+from .drift import DriftConfig
 from .heads import HEAD_TYPES
 from .reflex import ReflexConfig
 
 # How the drafter follows the moving policy: static = frozen heads; reflex = the fast,
-# per-response correction (spec/reflex.py).
-ADAPTATION_MODES = ("static", "reflex")
+# per-response correction (spec/reflex.py); slow = drift-triggered head-only updates in the
+# head-consolidation actor; both = reflex and slow; every_step = reflex and a head update
+# after every training step (FastGRPO's schedule, to show what the trigger saves).
+ADAPTATION_MODES = ("static", "reflex", "slow", "both", "every_step")
 
 
 @dataclass
@@ -34,8 +37,10 @@ class SpecConfig:
     context_lookup: bool = True
     lookup_ngram: int = 3  # longest suffix matched by context lookup
     profile_cache_len: int = 256  # cache length the hardware profile is measured at
-    adaptation: str = "static"  # how drafts follow the moving policy: static | reflex
-    reflex: ReflexConfig = field(default_factory=ReflexConfig)  # Reflex knobs (adaptation=reflex)
+    adaptation: str = "static"  # how drafts follow the moving policy: static | reflex | slow | both | every_step
+    reflex: ReflexConfig = field(default_factory=ReflexConfig)  # Reflex knobs (adaptation reflex, both, every_step)
+    records_per_rollout: int = 512  # slow path: matured records a generate call sends, a uniform sample
+    drift: DriftConfig = field(default_factory=DriftConfig)  # slow path: when a head-only update is triggered
 
     def __post_init__(self) -> None:
         if self.num_heads < 1:
@@ -62,8 +67,18 @@ class SpecConfig:
             raise ValueError(f"spec.lookup_ngram must be >= 1, got {self.lookup_ngram}")
         if self.adaptation not in ADAPTATION_MODES:
             raise ValueError(f"spec.adaptation must be one of {ADAPTATION_MODES}, got {self.adaptation!r}")
+        if self.records_per_rollout < 1:
+            raise ValueError(f"spec.records_per_rollout must be >= 1, got {self.records_per_rollout}")
         if not 0 <= self.calibration_momentum < 1:
             raise ValueError(f"spec.calibration_momentum must be in [0, 1), got {self.calibration_momentum}")
+
+    @property
+    def uses_reflex(self) -> bool:
+        return self.adaptation in ("reflex", "both", "every_step")
+
+    @property
+    def uses_slow_path(self) -> bool:
+        return self.adaptation in ("slow", "both", "every_step")
 
     def build_decoder(self, model):
         from .decoder import SpecDecoder

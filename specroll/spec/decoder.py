@@ -17,6 +17,7 @@ from .budget import concurrency_budget, cost_model_budget, speculation_may_pay
 from .config import SpecConfig
 from .heads import HorizonHeads, shipped_heads
 from .lookup import LookupAcceptance, add_lookup_candidates, lookup_drafts
+from .head_records import RecordCollector
 from .maturation import matured_proposals
 from .profile import get_profile
 from .reflex import FastState, SafetyGuard, matured_feedback
@@ -79,8 +80,10 @@ class SpecDecoder:
         self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
         # Cost model: EMA of drafting seconds by the depth drafted (index 0: no drafting).
         self.draft_s = [0.0] * (self.heads.num_heads + 1)
-        self.reflex = cfg.reflex if cfg.adaptation == "reflex" else None
+        self.reflex = cfg.reflex if cfg.uses_reflex else None
         self.guard = SafetyGuard(cfg.reflex)
+        self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout)
+                        if cfg.uses_slow_path else None)
         self.reset_stats()
 
     def set_heads(self, heads: HorizonHeads) -> None:
@@ -101,7 +104,7 @@ class SpecDecoder:
                       "reached_by_depth": [0] * self.heads.num_heads, "time_draft_s": 0.0, "time_verify_s": 0.0,
                       "time_bookkeeping_s": 0.0, "verify_steps": 0, "drafts_accepted": 0, "lookup_accepted": 0,
                       "time_reflex_s": 0.0, "reflex_on_steps": 0, "reflex_records": 0, "reflex_reliability": 0.0,
-                      "reflex_state_rms": 0.0, "reflex_resets": 0}
+                      "reflex_state_rms": 0.0, "reflex_resets": 0, "time_records_s": 0.0}
 
     def pop_stats(self) -> dict:
         s = self.stats
@@ -118,6 +121,8 @@ class SpecDecoder:
             "time_bookkeeping_s": s["time_bookkeeping_s"],
             "lookup_token_share": s["lookup_accepted"] / max(s["drafts_accepted"], 1),
         }
+        if self.records is not None:
+            out["time_records_s"] = s["time_records_s"]
         if self.reflex is not None:
             # A generate call ends here: the guard judges it by its accepted length.
             self.guard.end_rollout(out["tokens_per_step_mean"])
@@ -141,9 +146,9 @@ class SpecDecoder:
 
     def draft(self, state: DecodeState, max_drafts: int):
         """The heads' candidates, plus each row's context lookup chain (None if off)."""
-        adjust, sketch = None, 0
+        adjust, sketch = None, self.cfg.reflex.sketch_size if self.reflex or self.records else 0
         if self.reflex is not None:
-            fast, sketch = self.fast_state(state), self.reflex.sketch_size
+            fast = self.fast_state(state)
             if self.guard.allows and bool(fast.active(self.reflex).any()):
                 adjust = lambda depth, states: fast.correction(states, depth, self.reflex)  # noqa: E731
                 self.stats["reflex_on_steps"] += 1
@@ -160,7 +165,7 @@ class SpecDecoder:
     def step(self, state: DecodeState) -> StepResult:
         t0 = time.perf_counter()
         batch = state.last_tokens.shape[0]
-        roots = state.last_tokens
+        roots, hidden = state.last_tokens, state.last_hidden
         if self.cfg.budget == "cost_model":
             # The running estimates say how many nodes to draft (none where drafting would not
             # pay); this step's drafts then pick N_t, never above what was drafted.
@@ -197,12 +202,24 @@ class SpecDecoder:
             self.update_calibration(verdict)
         on_chain = None if lookup is None else self.lookup_acceptance.update(lookup, verdict.tokens, verdict.counts)
         self.record(verdict, budget, on_chain)
+        matured = matured_proposals(cands.proposals, tree, verdict) if budget > 1 and cands.proposals else None
         if self.reflex is not None:
-            self.learn_reflex(state, cands if budget > 1 else None, tree, verdict, logprobs)
+            self.learn_reflex(state, matured, verdict, logprobs)
+        if self.records is not None and matured is not None:
+            started = time.perf_counter()
+            self.records.add_pass(matured, out.logits, verdict, tree, hidden, roots,
+                                  state.history.lengths - state.prompt_lengths, self.heads.version)
+            self.stats["time_records_s"] += time.perf_counter() - started
         self.stats["time_draft_s"] += t1 - t0
         self.stats["time_verify_s"] += t2 - t1
         self.stats["time_bookkeeping_s"] += time.perf_counter() - t2
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
+
+    def pop_head_records(self):
+        """Slow path: (HeadTelemetry, MaturedRecords or None) of the generate calls since the last pop."""
+        if self.records is None:
+            raise ValueError("this decoder collects no head records: spec.adaptation uses no slow path")
+        return self.records.pop()
 
     def fast_state(self, state: DecodeState) -> FastState:
         """Reflex's per-response state, created with the generate call's rows (all at zero)."""
@@ -210,12 +227,11 @@ class SpecDecoder:
             state.drafter_state = FastState(len(state.row_ids), self.model.config.hidden_size, state.last_hidden.device)
         return state.drafter_state
 
-    def learn_reflex(self, state: DecodeState, cands, tree, verdict, logprobs: torch.Tensor) -> None:
-        """Feed the records this pass matured into each row's fast state (cands None: nothing was drafted)."""
+    def learn_reflex(self, state: DecodeState, matured, verdict, logprobs: torch.Tensor) -> None:
+        """Feed the records this pass matured into each row's fast state (None: nothing was drafted)."""
         started = time.perf_counter()
         fast, cfg = self.fast_state(state), self.reflex
-        if cands is not None and cands.proposals:
-            matured = matured_proposals(cands.proposals, tree, verdict)
+        if matured is not None:
             feedback = matured_feedback(matured, logprobs, self.model.lm_head.weight, cfg)
         else:
             feedback = FastState.no_feedback(verdict.counts.shape[0], self.model.config.hidden_size, logprobs.device)

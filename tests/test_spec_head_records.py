@@ -1,0 +1,58 @@
+"""What a speculative rollout hands the slow path: telemetry and a bounded sample of matured records."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specroll.models import build_tiny_model
+from specroll.rollout import RolloutEngine, SamplingParams
+from specroll.spec import SpecConfig
+from specroll.spec.head_records import sketch_tv_and_nll
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_model(vocab_size=64, init_std=0.1, seed=3).requires_grad_(False)
+
+
+def slow_path_rollout(model, params, cap=10_000):
+    cfg = SpecConfig(heads_path=None, budget="fixed", fixed_nodes=8, adaptation="slow", records_per_rollout=cap)
+    engine = RolloutEngine(model, spec=cfg)
+    out = engine.generate([[3, 4, 5], [6, 7], [9, 1, 2, 8]], params)
+    return out, *engine.decoder.pop_head_records()
+
+
+def test_greedy_records_hold_the_policy_at_the_right_position(model):
+    """In greedy decoding every emitted token is the policy's argmax: a record's realised token is
+    its target's top token, and h_t through the LM head gives the root on its path."""
+    out, telemetry, records = slow_path_rollout(model, SamplingParams(temperature=0, max_new_tokens=40, n=2))
+    records.validate()
+    assert len(records) == int(telemetry.records.sum()) > 50  # no cap reached: every matured record kept
+    assert (records.token == records.target_ids[:, 0]).all()
+    root = (records.hidden.float() @ model.lm_head.weight.T).argmax(dim=1)
+    assert (root == records.path_tokens[:, 0]).all()
+    assert (records.target_logp.exp().sum(1) + records.target_tail.exp()).sub(1).abs().max() < 1e-4
+    assert set(records.head.tolist()) <= set(range(4)) and (records.head_version == 0).all()
+    # Telemetry counts every verified draft; acceptance is what verification decided.
+    assert telemetry.trials.sum() > 0 and telemetry.accepted.sum() <= telemetry.trials.sum()
+
+
+def test_records_are_a_bounded_sample(model):
+    params = SamplingParams(temperature=1.0, max_new_tokens=40, n=4, seed=0)
+    _, telemetry, everything = slow_path_rollout(model, params)
+    _, _, sample = slow_path_rollout(model, params, cap=40)
+    assert len(sample) == 40 < len(everything) == int(telemetry.records.sum())
+    kept = {tuple(r.tolist()) for r in torch.cat((everything.path_tokens, everything.token[:, None]), 1)}
+    assert all(tuple(r.tolist()) in kept for r in torch.cat((sample.path_tokens, sample.token[:, None]), 1))
+
+
+def test_sketch_tv_and_nll_by_hand():
+    # Target top-2 {0: 0.5, 1: 0.3} (rest 0.2); head sketch {0: 0.6, 2: 0.3} (rest 0.1).
+    target_logp, target_ids = torch.tensor([[0.5, 0.3]]).log(), torch.tensor([[0, 1]])
+    head_logp, head_ids = torch.tensor([[0.6, 0.3]]).log(), torch.tensor([[0, 2]])
+    tv, nll = sketch_tv_and_nll(target_logp, target_ids, head_logp, head_ids, torch.tensor([2]), torch.tensor([0.1]).log())
+    # |0.5 - 0.6| + |0.3 - 0| + q(2) = 0.3 + |rest 0.2 - rest 0.1| -> TV = 0.5 * (0.1 + 0.3 + 0.3 + 0.1) = 0.4
+    torch.testing.assert_close(tv, torch.tensor([0.4]))
+    torch.testing.assert_close(nll, -torch.tensor([0.3]).log())
+    _, nll = sketch_tv_and_nll(target_logp, target_ids, head_logp, head_ids, torch.tensor([5]), torch.tensor([0.1]).log())
+    torch.testing.assert_close(nll, -torch.tensor([0.1]).log())  # outside the sketch: the tail's mass
