@@ -21,8 +21,9 @@ from exactness import (DecisionRecorder, bonferroni_min, collect_decisions, exac
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens
 from specroll.spec import HorizonHeads, SpecConfig
+from specroll.spec.head_samples import SampleConfig, collect_samples, frequent_tokens
 from specroll.spec.reflex import ReflexConfig
-from specroll.spec.train_heads import HeadTrainConfig, SampleConfig, collect_samples, frequent_tokens, train_heads
+from specroll.spec.train_heads import HeadTrainConfig, train_heads
 from specroll.spec.tree import DraftTree
 from specroll.spec.verify import Verdict, verify_tree
 

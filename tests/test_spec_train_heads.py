@@ -11,22 +11,11 @@ import torch
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import HorizonHeads, SpecConfig
-from specroll.spec.train_heads import (
-    HeadTrainConfig,
-    SampleConfig,
-    collect_samples,
-    compute_targets,
-    evaluate_heads,
-    SampledSequence,
-    frequent_tokens,
-    heldout_prompts,
-    initial_heads,
-    parse_args,
-    sparse_distribution,
-    sparse_kl_and_nll,
-    split_heldout,
-    train_heads,
-)
+from specroll.spec.distill_targets import compute_targets, sparse_distribution
+from specroll.spec.head_loss import sparse_kl_and_nll
+from specroll.spec.head_samples import (SampleConfig, SampledSequence, collect_samples, frequent_tokens,
+                                        heldout_prompts, split_heldout)
+from specroll.spec.train_heads import HeadTrainConfig, evaluate_heads, initial_heads, parse_args, train_heads
 
 SAMPLES = SampleConfig(positions=4000, prompts_per_batch=16, samples_per_prompt=4, max_new_tokens=48)
 # A hidden size of 32 needs head weights of order one: a larger step than SmolLM2's 1e-3.
