@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .budget import BUDGET_POLICIES
+from .consolidation import ConsolidationConfig
 from .drift import DriftConfig
 from .heads import HEAD_TYPES
 from .reflex import ReflexConfig
@@ -41,6 +42,7 @@ class SpecConfig:
     reflex: ReflexConfig = field(default_factory=ReflexConfig)  # Reflex knobs (adaptation reflex, both, every_step)
     records_per_rollout: int = 512  # slow path: matured records a generate call sends, a uniform sample
     drift: DriftConfig = field(default_factory=DriftConfig)  # slow path: when a head-only update is triggered
+    consolidation: ConsolidationConfig = field(default_factory=ConsolidationConfig)  # slow path: the update itself
 
     def __post_init__(self) -> None:
         if self.num_heads < 1:

@@ -1,0 +1,200 @@
+"""The slow path: drift-triggered, head-only updates from replayed records (SPECROLL.md section 6).
+
+Rollout actors send each step's head telemetry and a sample of matured records. The
+consolidator keeps the records (bounded, older policy versions aged out), runs the drift
+detector on the telemetry, and when it names degraded heads (or after every step, in
+`every_step` mode) trains those heads alone for a few steps on the shared head loss with a
+proximal term toward the heads that drafted. The policy (backbone, embeddings, LM head) stays
+frozen. The update is kept only if held-out records say it helped (cross-entropy not above
+`commit_ce_ratio` x before and TV lower); otherwise parameters and optimiser state go back.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from .distill_targets import SparseDistribution
+from .drift import DriftCheck, DriftConfig, DriftDetector, HeadTelemetry
+from .head_loss import HeadBatch, HeadLossConfig, head_states, train_step
+from .heads import HorizonHeads
+from .replay import MaturedRecords, ReplayMemory
+
+
+@dataclass
+class ConsolidationConfig:
+    """Head-only updates (mirrored by `rollout.spec.consolidation` in conf/rollout/specroll.yaml)."""
+
+    replay_capacity: int = 4096  # records kept for updates, newest first
+    max_policy_lag: int = 2  # records sampled by a policy this many versions older than the newest age out
+    held_out_fraction: float = 0.1  # records kept apart to judge an update
+    lr: float = 1e-5  # AdamW learning rate of the heads
+    steps: int = 2  # optimiser steps per update, each over all training records
+    max_grad_norm: float = 1.0  # gradient clipping
+    distill_weight: float = 0.7  # weight of KL(p || q) to the policy's top-32 + tail
+    nll_weight: float = 0.3  # weight of the realised token's NLL
+    proximal_weight: float = 0.1  # weight of KL(q_old || q) toward the heads that drafted
+    head_decay: float = 0.8  # per-head weight decay^(k-1)
+    commit_ce_ratio: float = 1.01  # keep an update only if held-out CE <= this x before (and TV falls)
+    wait: bool = False  # the driver waits for an update before the next rollout (else it overlaps the learner)
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"spec.consolidation.{name} must be {rule}, got {getattr(self, name)!r}")
+
+        check(self.replay_capacity >= 1, "replay_capacity", ">= 1")
+        check(self.max_policy_lag >= 0, "max_policy_lag", ">= 0")
+        check(0 < self.held_out_fraction < 1, "held_out_fraction", "in (0, 1)")
+        check(self.lr > 0, "lr", "> 0")
+        check(self.steps >= 1, "steps", ">= 1")
+        check(self.max_grad_norm > 0, "max_grad_norm", "> 0")
+        for name in ("distill_weight", "nll_weight", "proximal_weight"):
+            check(getattr(self, name) >= 0, name, ">= 0")
+        check(0 < self.head_decay <= 1, "head_decay", "in (0, 1]")
+        check(self.commit_ce_ratio >= 1, "commit_ce_ratio", ">= 1")
+
+    @property
+    def loss(self) -> HeadLossConfig:
+        return HeadLossConfig(self.distill_weight, self.nll_weight, self.proximal_weight, self.head_decay)
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """One head-only update."""
+
+    heads: tuple[int, ...]  # heads trained (0-based)
+    committed: bool  # kept (else rolled back)
+    version: int  # head version after it
+    train_records: int
+    held_out_records: int
+    ce_before: float  # held-out cross-entropy to the policy's (coarsened) distribution
+    ce_after: float
+    tv_before: float  # held-out TV between head and policy (coarsened)
+    tv_after: float
+    seconds: float
+
+
+def records_batch(records: MaturedRecords, num_heads: int, embed: torch.Tensor, device) -> HeadBatch:
+    """The records as a `HeadBatch`: record i gives head `records.head[i]` its target, no other."""
+    n, head = len(records), records.head.long().to(device)
+    rows = torch.arange(n, device=device)
+    valid = torch.zeros(n, num_heads, dtype=torch.bool, device=device)
+    valid[rows, head] = True
+
+    def at_head(x: torch.Tensor) -> torch.Tensor:  # [n, ...] -> [n, H, ...], placed at each record's head
+        out = torch.zeros(n, num_heads, *x.shape[1:], dtype=x.dtype, device=device)
+        out[rows, head] = x.to(device)
+        return out
+
+    proximal = SparseDistribution(at_head(records.proposal_logp.float()), at_head(records.proposal_ids.long()),
+                                  at_head(records.proposal_tail.float()))
+    return HeadBatch(records.hidden.to(device).float(), embed[records.path_tokens.long().to(device)], valid,
+                     at_head(records.target_logp.float()), at_head(records.target_ids.long()),
+                     at_head(records.target_tail.float()), at_head(records.token.long()), proximal)
+
+
+@torch.no_grad()
+def held_out_fit(heads: HorizonHeads, lm_head: torch.Tensor, batch: HeadBatch, chunk: int = 512) -> tuple[float, float]:
+    """(cross-entropy, TV) of the heads against the policy over the batch's records, coarsened to
+    each target's top tokens + one tail bucket; means over records."""
+    states = head_states(heads, batch)
+    ce_sum, tv_sum, count = 0.0, 0.0, 0
+    for j in range(heads.num_heads):
+        rows = batch.valid[:, j].nonzero()[:, 0]
+        for c in range(0, rows.numel(), chunk):
+            r = rows[c : c + chunk]
+            logq = torch.log_softmax(torch.nn.functional.linear(states[r, j], lm_head).float(), dim=-1)
+            logq_top = logq.gather(1, batch.top_idx[r, j])
+            q_tail = (1 - logq_top.exp().sum(1)).clamp(min=1e-12)
+            p_top, p_tail = batch.top_logp[r, j].exp(), batch.tail_logp[r, j].exp()
+            ce_sum += float(-(p_top * logq_top).sum() - (p_tail * q_tail.log()).sum())
+            tv_sum += float(0.5 * ((p_top - logq_top.exp()).abs().sum(1) + (p_tail - q_tail).abs()).sum())
+            count += r.numel()
+    return ce_sum / max(count, 1), tv_sum / max(count, 1)
+
+
+class HeadConsolidator:
+    """Replay, drift detection and head-only updates; plain Python, wrapped by the actor."""
+
+    def __init__(self, heads: HorizonHeads, adaptation: str, drift: DriftConfig, cfg: ConsolidationConfig) -> None:
+        self.heads = copy.deepcopy(heads).float().use_prepacked_linears(False)
+        self.adaptation, self.cfg = adaptation, cfg
+        self.replay = ReplayMemory(cfg.replay_capacity)
+        self.detector = DriftDetector(drift, heads.num_heads)
+        self.optimizer = torch.optim.AdamW(self.heads.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.updates: list[UpdateResult] = []
+
+    @property
+    def version(self) -> int:
+        return self.heads.version
+
+    def observe(self, telemetry: HeadTelemetry, records: MaturedRecords | None, policy_version: int) -> list[int]:
+        """One training step's telemetry (all actors merged) and records; returns the heads to update now."""
+        if records is not None and len(records):
+            # Stamped with the policy whose verify passes scored them.
+            self.replay.add(replace(records, policy_version=torch.full_like(records.policy_version, policy_version)))
+        self.replay.drop_policy_versions_before(policy_version - self.cfg.max_policy_lag)
+        check: DriftCheck | None = self.detector.observe(telemetry)
+        if self.adaptation == "every_step":
+            return list(range(self.heads.num_heads))
+        if check is not None and check.event is not None:
+            return list(check.event.heads)
+        return []
+
+    def update(self, heads_to_train: list[int], lm_head: torch.Tensor, embed: torch.Tensor,
+               seed: int = 0) -> UpdateResult | None:
+        """Train `heads_to_train` on the replayed records of the current policy (its `lm_head`,
+        `embed`, frozen); keep the result only if held-out records improve. None: no records to
+        train those heads on, or none held out."""
+        started = time.perf_counter()
+        if len(self.replay) == 0:
+            return None
+        train, held_out = self.replay.split(self.cfg.held_out_fraction, seed)
+        trained = set(heads_to_train) & set(train.head.tolist())  # a head without records has nothing to learn
+        if not trained or len(held_out) == 0:
+            return None
+        device = lm_head.device
+        self.heads.to(device)
+        lm_head, embed = lm_head.detach().float(), embed.detach().float()
+        train_batch = records_batch(train, self.heads.num_heads, embed, device)
+        held_batch = records_batch(held_out, self.heads.num_heads, embed, device)
+        ce_before, tv_before = held_out_fit(self.heads, lm_head, held_batch)
+        saved = copy.deepcopy((self.heads.state_dict(), self.optimizer.state_dict()))
+        self.heads.train()
+        for _ in range(self.cfg.steps):
+            self.optimizer.zero_grad(set_to_none=True)
+            train_step(self.heads, lm_head, train_batch, self.cfg.loss)
+            for k in range(self.heads.num_heads):
+                if k not in trained:  # a parameter without a gradient is left alone by AdamW
+                    for p in self.head_parameters(k):
+                        p.grad = None
+            torch.nn.utils.clip_grad_norm_(self.heads.parameters(), self.cfg.max_grad_norm)
+            self.optimizer.step()
+        self.heads.eval()
+        ce_after, tv_after = held_out_fit(self.heads, lm_head, held_batch)
+        committed = ce_after <= self.cfg.commit_ce_ratio * ce_before and tv_after < tv_before
+        if committed:
+            self.heads.version += 1
+        else:
+            self.heads.load_state_dict(saved[0])
+            self.optimizer.load_state_dict(saved[1])
+        result = UpdateResult(tuple(sorted(trained)), committed, self.heads.version, len(train), len(held_out),
+                              ce_before, ce_after, tv_before, tv_after, time.perf_counter() - started)
+        self.updates.append(result)
+        return result
+
+    def head_parameters(self, k: int) -> list[torch.nn.Parameter]:
+        return [*self.heads.blocks[k].parameters(), *self.heads.layers[k].parameters()]
+
+    def state_dict(self) -> dict:
+        """Detector baselines, replay and optimiser state (the heads themselves are checkpointed apart)."""
+        return {"detector": self.detector.state_dict(), "replay": self.replay.state_dict(),
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.detector.load_state_dict(state["detector"])
+        self.replay.load_state_dict(state["replay"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,100 @@
+"""The slow path's head-only update (spec/consolidation.py) on a tiny policy that drifted away
+from the policy its heads were trained for."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specroll.models import build_tiny_model
+from specroll.rollout import RolloutEngine, SamplingParams
+from specroll.spec import HorizonHeads, SpecConfig
+from specroll.spec.consolidation import ConsolidationConfig, HeadConsolidator
+from specroll.spec.drift import DriftConfig
+from specroll.spec.head_samples import SampleConfig, collect_samples
+from specroll.spec.train_heads import HeadTrainConfig, train_heads
+
+PROMPTS = [[3, 4, 5], [6, 7], [9, 1, 2, 8], [10, 11]]
+
+
+@pytest.fixture(scope="module")
+def drift(tmp_path_factory):
+    """(policy B, heads trained for policy A): B is A with its last layer and LM head perturbed."""
+    policy_a = build_tiny_model(vocab_size=64, init_std=0.15, seed=3).requires_grad_(False)
+    heads = HorizonHeads.for_model(policy_a, "path", 4)
+    samples = collect_samples(policy_a, PROMPTS, SampleConfig(positions=4000, prompts_per_batch=4, samples_per_prompt=32,
+                                                              max_new_tokens=24), tmp_path_factory.mktemp("s"),
+                              progress=False)
+    train_heads(policy_a, heads, samples.sequences, HeadTrainConfig(epochs=3, lr=3e-3, batch_positions=256),
+                progress=False, log=lambda _: None)
+    policy_b = build_tiny_model(vocab_size=64, init_std=0.15, seed=3).requires_grad_(False)
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, p in policy_b.named_parameters():
+            if name.startswith(("layers.1.", "lm_head")):
+                p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    return policy_b, heads
+
+
+def rollout(policy, heads, seed=0):
+    cfg = SpecConfig(heads_path=None, budget="fixed", fixed_nodes=8, adaptation="slow", records_per_rollout=4096)
+    engine = RolloutEngine(policy, spec=cfg)
+    engine.decoder.set_heads(heads)
+    out = engine.generate(PROMPTS, SamplingParams(n=16, max_new_tokens=32, seed=seed))
+    return out, *engine.decoder.pop_head_records()
+
+
+def test_update_on_drifted_policy_commits_and_drafts_better(drift):
+    policy, heads = drift
+    before, telemetry, records = rollout(policy, heads)
+    consolidator = HeadConsolidator(heads, "every_step", DriftConfig(), ConsolidationConfig(lr=3e-3, steps=20))
+    assert consolidator.observe(telemetry, records, policy_version=5) == [0, 1, 2, 3]  # every step: all heads
+    assert (consolidator.replay.records.policy_version == 5).all()
+    result = consolidator.update([0, 1, 2, 3], policy.lm_head.weight, policy.embed_tokens.weight)
+    assert result.committed and result.version == 1 and consolidator.version == 1
+    assert result.ce_after < result.ce_before and result.tv_after < result.tv_before
+    after = rollout(policy, consolidator.heads, seed=1)[0]  # fresh prompts' samples, new heads
+    assert after.stats["tokens_per_step_mean"] > before.stats["tokens_per_step_mean"]
+
+
+def test_an_update_that_hurts_held_out_records_is_rolled_back(drift):
+    policy, heads = drift
+    _, telemetry, records = rollout(policy, heads)
+    consolidator = HeadConsolidator(heads, "every_step", DriftConfig(), ConsolidationConfig(lr=5.0, steps=3))
+    consolidator.observe(telemetry, records, policy_version=0)
+    params = {k: v.clone() for k, v in consolidator.heads.state_dict().items()}
+    result = consolidator.update([1], policy.lm_head.weight, policy.embed_tokens.weight)
+    assert not result.committed and result.ce_after > result.ce_before and consolidator.version == 0
+    assert all(torch.equal(v, params[k]) for k, v in consolidator.heads.state_dict().items())
+    assert not consolidator.optimizer.state  # the optimiser's moments went back too
+
+
+def test_only_the_named_heads_change(drift):
+    policy, heads = drift
+    _, telemetry, records = rollout(policy, heads)
+    consolidator = HeadConsolidator(heads, "every_step", DriftConfig(), ConsolidationConfig(lr=3e-3, steps=5))
+    consolidator.observe(telemetry, records, policy_version=0)
+    before = {k: v.clone() for k, v in consolidator.heads.state_dict().items()}
+    assert set(records.head.tolist()) == {0, 1}  # drafts this poor rarely mature deeper
+    assert consolidator.update([2, 3], policy.lm_head.weight, policy.embed_tokens.weight) is None  # no records
+    assert consolidator.update([1], policy.lm_head.weight, policy.embed_tokens.weight).committed
+    changed = {k for k, v in consolidator.heads.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == {"blocks.1.weight", "blocks.1.bias"}
+
+
+def test_slow_mode_updates_only_when_the_detector_fires(drift):
+    policy, heads = drift
+    _, telemetry, records = rollout(policy, heads)
+    consolidator = HeadConsolidator(heads, "slow", DriftConfig(calibration_steps=2, check_every=2, min_records=1),
+                                    ConsolidationConfig())
+    assert [consolidator.observe(telemetry, records, policy_version=v) for v in range(6)] == [[]] * 6  # stationary
+
+
+def test_old_policy_versions_age_out(drift):
+    policy, heads = drift
+    _, telemetry, records = rollout(policy, heads)
+    consolidator = HeadConsolidator(heads, "slow", DriftConfig(), ConsolidationConfig(max_policy_lag=1))
+    consolidator.observe(telemetry, records, policy_version=0)
+    consolidator.observe(telemetry, records, policy_version=1)
+    assert set(consolidator.replay.records.policy_version.tolist()) == {0, 1}
+    consolidator.observe(telemetry, records, policy_version=2)
+    assert set(consolidator.replay.records.policy_version.tolist()) == {1, 2}
