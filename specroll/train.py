@@ -86,6 +86,8 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
             actors.sync_policy()
             return actors.start_rollouts(step, batch), time.perf_counter() - started, position
 
+        spec = cfg.rollout.speculation
+        wait_for_heads = spec is not None and spec.consolidation.wait
         with StepProgress(cfg.total_steps, first_step) as progress:
             pending = None
             for step in range(first_step, cfg.total_steps):
@@ -94,9 +96,13 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
                     pending = start_rollouts(step)
                 (launched, weight_sync_s, data_position), pending = pending, None
                 rollouts = collect_with_progress(actors, launched, cfg)
+                consolidating = actors.start_consolidation(rollouts)  # the slow path overlaps the update ...
+                update_wait_s = actors.finish_consolidation(consolidating) if wait_for_heads else 0.0
                 if cfg.cluster.overlap and step + 1 < cfg.total_steps:
                     pending = start_rollouts(step + 1)  # generates while the learner trains on this step
                 trained = actors.train(rollouts)
+                if not wait_for_heads:  # ... and the next rollout drafts with the heads it publishes
+                    update_wait_s = actors.finish_consolidation(consolidating)
                 checkpoint_s = 0.0
                 if checkpoint_due(cfg, step):
                     saving = time.perf_counter()
@@ -104,7 +110,10 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
                                                   cfg.to_dict(), cfg.keep_last)
                     checkpoint_s = time.perf_counter() - saving
                 # Logged after the checkpoint so that the step's record includes its saving time.
-                metrics = step_metrics(rollouts, trained, actors.heads_metrics(), weight_sync_s, checkpoint_s,
+                heads = actors.heads_metrics()
+                if consolidating is not None:
+                    heads[m.HEADS_UPDATE_WAIT_S] = update_wait_s
+                metrics = step_metrics(rollouts, trained, heads, weight_sync_s, checkpoint_s,
                                        time.perf_counter() - step_started)
                 logger.log(step, metrics)
                 progress.update(step, metrics)

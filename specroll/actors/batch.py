@@ -54,6 +54,8 @@ class Rollouts:
     rewards: list[float]
     correct: list[bool]
     engine_stats: list[dict] = field(default_factory=list)  # `RolloutEngine.generate` stats, one per actor
+    # Slow path: (HeadTelemetry, MaturedRecords or None) of each actor's generate call, for the consolidation actor.
+    head_records: list[tuple] = field(default_factory=list)
     gen_s: float = 0.0  # slowest actor's generation time
     reward_s: float = 0.0  # slowest actor's scoring time
 
@@ -92,6 +94,7 @@ class Rollouts:
             rewards=joined("rewards"),
             correct=joined("correct"),
             engine_stats=joined("engine_stats"),
+            head_records=joined("head_records"),
             gen_s=max(p.gen_s for p in parts),
             reward_s=max(p.reward_s for p in parts),
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 
@@ -63,7 +63,7 @@ class RolloutActor:
         """`{"version", "state"}` of the draft heads on the CPU; None for vanilla decoding."""
         if self.heads is None:
             return None
-        return {"version": self.heads.version,
+        return {"version": self.heads.version, "meta": asdict(self.heads.meta()),
                 "state": {k: v.detach().to("cpu", copy=True) for k, v in self.heads.state_dict().items()}}
 
     def set_heads(self, version: int, state: dict[str, torch.Tensor]) -> int:
@@ -96,6 +96,8 @@ class RolloutActor:
         rewards = [score_response(text, gold, self.cfg.data.reward) for text, gold in zip(texts, golds)]
         correct = [math_reward(text, gold) == 1.0 for text, gold in zip(texts, golds)]
         head_version = None if self.heads is None else self.heads.version
+        decoder = self.engine.decoder
+        head_records = [decoder.pop_head_records()] if getattr(decoder, "records", None) is not None else []
         if self.consolidation is not None and head_version is not None:
             # Not waited on: telemetry must never stall rollouts.
             self.consolidation.record.remote(
@@ -113,6 +115,7 @@ class RolloutActor:
             rewards=rewards,
             correct=correct,
             engine_stats=[out.stats],
+            head_records=head_records,
             gen_s=generated - started,
             reward_s=time.perf_counter() - generated,
         )

@@ -5,6 +5,7 @@ Every call waits with `cluster.remote_timeout_s` and names the actor that failed
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -50,9 +51,10 @@ class RunActors:
     def start(cls, cfg: TrainConfig) -> "RunActors":
         """Create the actors with the resources of `cfg.cluster` and wait until all are ready."""
         c = cfg.cluster
-        # Bookkeeping only for now; the drift-triggered head update will ask for resources.
-        consolidation = (as_remote(HeadConsolidationActor, num_cpus=0).remote(c.remote_timeout_s)
-                         if cfg.rollout.speculation is not None else None)
+        spec = cfg.rollout.speculation
+        # Its head updates overlap the learner's: no CPU reserved, a GPU (share) where configured.
+        consolidation = (as_remote(HeadConsolidationActor, 0, c.gpus_per_consolidation_actor).remote(
+            c.remote_timeout_s, spec) if spec is not None else None)
         rollout_cls = as_remote(RolloutActor, c.cpus_per_rollout_actor, c.gpus_per_rollout_actor)
         learner_cls = as_remote(LearnerActor, c.cpus_per_learner, c.gpus_per_learner)
         actors = cls(
@@ -94,6 +96,8 @@ class RunActors:
                           "policy_weights", self.timeout_s)
         version, weights = versions[0], published[0][1]
         calls = [(rollout_name(i), actor.load_policy.remote(version, weights)) for i, actor in enumerate(self.rollout)]
+        if self.slow_path:
+            calls.append((CONSOLIDATION, self.consolidation.load_policy.remote(version, weights)))
         gather(calls, f"load_policy (policy version {version})", self.timeout_s)
         self.rollout_version = version
         return version
@@ -110,6 +114,27 @@ class RunActors:
                          on_shard: Callable[[Rollouts], None] | None = None) -> Rollouts:
         """The step's rollouts, in prompt order; `on_shard` sees each actor's shard as it lands."""
         return Rollouts.concat(gather(pending.calls, f"generate (step {pending.step})", self.timeout_s, on_shard))
+
+    @property
+    def slow_path(self) -> bool:
+        spec = self.cfg.rollout.speculation
+        return spec is not None and spec.uses_slow_path
+
+    def start_consolidation(self, rollouts: Rollouts):
+        """Hand the step's head telemetry and records to the consolidation actor; its drift check
+        and any head update run while the learner trains. None without a slow path."""
+        if not self.slow_path:
+            return None
+        return rollouts.step, self.consolidation.consolidate.remote(rollouts.step, rollouts.head_records)
+
+    def finish_consolidation(self, pending) -> float:
+        """Wait for the step's consolidation (the head update and its broadcast); returns the seconds waited."""
+        if pending is None:
+            return 0.0
+        started = time.perf_counter()
+        step, call = pending
+        gather([(CONSOLIDATION, call)], f"consolidate (step {step})", self.timeout_s)
+        return time.perf_counter() - started
 
     def train(self, rollouts: Rollouts) -> dict:
         """One GRPO update on the rollouts, each rank on its share of whole groups.

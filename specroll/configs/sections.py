@@ -154,6 +154,7 @@ class ClusterSection:
     learner_world_size: int = 1  # learner ranks (DeepSpeed data parallel), one actor each
     cpus_per_learner: float = 1.0  # Ray num_cpus of each learner rank
     gpus_per_learner: float = 0.0  # Ray num_gpus of each learner rank
+    gpus_per_consolidation_actor: float = 0.0  # Ray num_gpus of the head-consolidation actor (slow path); fractions share a GPU
     ray_address: str | None = None  # null starts a local Ray cluster; "auto" or ray://host:port joins one
     remote_timeout_s: float = 600.0  # longest wait for any remote call before the run fails
     overlap: bool = False  # one-step off-policy: generate step t+1 while the learner trains on step t
@@ -163,7 +164,7 @@ class ClusterSection:
         check_int("learner_world_size", self.learner_world_size, 1)
         for name in ("cpus_per_rollout_actor", "cpus_per_learner"):
             check_number(name, getattr(self, name), 0.0, low_inclusive=False)
-        for name in ("gpus_per_rollout_actor", "gpus_per_learner"):
+        for name in ("gpus_per_rollout_actor", "gpus_per_learner", "gpus_per_consolidation_actor"):
             gpus = getattr(self, name)
             check_number(name, gpus, 0.0)
             if gpus > 1 and gpus != int(gpus):

@@ -74,6 +74,7 @@ class UpdateResult:
     ce_after: float
     tv_before: float  # held-out TV between head and policy (coarsened)
     tv_after: float
+    loss: float  # training loss of the last optimiser step
     seconds: float
 
 
@@ -126,6 +127,7 @@ class HeadConsolidator:
         self.detector = DriftDetector(drift, heads.num_heads)
         self.optimizer = torch.optim.AdamW(self.heads.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.updates: list[UpdateResult] = []
+        self.last_check: DriftCheck | None = None  # the detector's latest check (None on steps without one)
 
     @property
     def version(self) -> int:
@@ -137,11 +139,11 @@ class HeadConsolidator:
             # Stamped with the policy whose verify passes scored them.
             self.replay.add(replace(records, policy_version=torch.full_like(records.policy_version, policy_version)))
         self.replay.drop_policy_versions_before(policy_version - self.cfg.max_policy_lag)
-        check: DriftCheck | None = self.detector.observe(telemetry)
+        self.last_check = self.detector.observe(telemetry)
         if self.adaptation == "every_step":
             return list(range(self.heads.num_heads))
-        if check is not None and check.event is not None:
-            return list(check.event.heads)
+        if self.last_check is not None and self.last_check.event is not None:
+            return list(self.last_check.event.heads)
         return []
 
     def update(self, heads_to_train: list[int], lm_head: torch.Tensor, embed: torch.Tensor,
@@ -166,7 +168,7 @@ class HeadConsolidator:
         self.heads.train()
         for _ in range(self.cfg.steps):
             self.optimizer.zero_grad(set_to_none=True)
-            train_step(self.heads, lm_head, train_batch, self.cfg.loss)
+            loss = train_step(self.heads, lm_head, train_batch, self.cfg.loss)
             for k in range(self.heads.num_heads):
                 if k not in trained:  # a parameter without a gradient is left alone by AdamW
                     for p in self.head_parameters(k):
@@ -182,7 +184,7 @@ class HeadConsolidator:
             self.heads.load_state_dict(saved[0])
             self.optimizer.load_state_dict(saved[1])
         result = UpdateResult(tuple(sorted(trained)), committed, self.heads.version, len(train), len(held_out),
-                              ce_before, ce_after, tv_before, tv_after, time.perf_counter() - started)
+                              ce_before, ce_after, tv_before, tv_after, loss, time.perf_counter() - started)
         self.updates.append(result)
         return result
 

@@ -178,6 +178,15 @@ class HorizonHeads(nn.Module):
         return heads.to(device=p.device, dtype=p.dtype)
 
     @classmethod
+    def from_state(cls, meta: dict, state: dict[str, torch.Tensor]) -> "HorizonHeads":
+        """Heads rebuilt from `asdict(heads.meta())` and their state dict (as actors pass them)."""
+        m = HeadsMeta(**meta)
+        heads = cls(m.head_type, m.num_heads, m.hidden_size, m.num_layers)
+        heads.load_state_dict(state)
+        heads.version, heads.base_model, heads.base_model_name = m.version, m.base_model, m.base_model_name
+        return heads
+
+    @classmethod
     def load(cls, path: str | Path, model) -> "HorizonHeads":
         """Load heads saved for `model`; heads made for another architecture are refused."""
         path = Path(path)
