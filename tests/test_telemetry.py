@@ -1,5 +1,6 @@
 """Metric namespace, rollout summaries, and the sinks: JSONL, console, W&B offline and disabled."""
 import io
+import time
 import json
 
 import numpy as np
@@ -143,6 +144,7 @@ def test_wandb_offline_writes_a_run_that_a_resume_continues(offline_wandb):
     with MetricsLogger(cfg, run_dir, config={"seed": 0}) as logger:
         run_id = logger.run_id
         logger.log(0, {"train/loss": 1.0})
+    time.sleep(1.1)  # W&B names offline directories by the second: a resume within it would share the first's
     with MetricsLogger(cfg, run_dir, run_id=run_id, first_step=1) as logger:
         assert logger.run_id == run_id
         logger.log(1, {"train/loss": 0.5})
