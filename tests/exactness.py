@@ -94,13 +94,14 @@ def teacher_forced_logits(hf, prompt: list[int], responses: list[list[int]]) -> 
 
 
 class DecisionRecorder:
-    """Wraps a speculative decoder's `step` and acceptance rule to record every verify decision.
+    """Wraps a speculative engine's decoder `step` and acceptance rule to record every verify decision.
 
     `rule` is the acceptance rule to run (the real `verify_tree`, or a test-only mutant).
     """
 
-    def __init__(self, decoder, prompt_lens: list[int], n: int, rule=verify_tree) -> None:
-        self.decoder, self.rule = decoder, rule
+    def __init__(self, engine, prompt_lens: list[int], n: int, rule=verify_tree) -> None:
+        self.engine, self.decoder, self.rule = engine, engine.decoder, rule
+        decoder = engine.decoder
         self.prompt_lens = torch.tensor(prompt_lens, device="cpu").repeat_interleave(n)
         self.steps: list[tuple] = []
         self._step, self._rows = decoder.step, None

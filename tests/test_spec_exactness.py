@@ -10,7 +10,7 @@ acceptance rules with subtle biases (negative controls) must fail the same tests
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -21,6 +21,8 @@ from exactness import (DecisionRecorder, bonferroni_min, collect_decisions, exac
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens
 from specroll.spec import HorizonHeads, SpecConfig
+from specroll.spec.consolidation import ConsolidationConfig, HeadConsolidator
+from specroll.spec.drift import DriftConfig
 from specroll.spec.head_samples import SampleConfig, collect_samples, frequent_tokens
 from specroll.spec.reflex import ReflexConfig
 from specroll.spec.train_heads import HeadTrainConfig, train_heads
@@ -126,7 +128,7 @@ def speculative_rollout(model, heads, setting: Setting, rule=verify_tree):
     if setting.lookup == "first":  # chains ranked first and never re-estimated
         engine.decoder.lookup_acceptance.rate.fill_(1.0)
         engine.decoder.lookup_acceptance.momentum = 1.0
-    recorder = DecisionRecorder(engine.decoder, [len(p) for p in PROMPTS], setting.n, rule)
+    recorder = DecisionRecorder(engine, [len(p) for p in PROMPTS], setting.n, rule)
     params = SamplingParams(n=setting.n, max_new_tokens=NEW_TOKENS, seed=0, **setting.sampling)
     return engine.generate(PROMPTS, params), recorder, params
 
@@ -192,6 +194,27 @@ def test_reflex_changed_the_drafts(rollouts):
     assert reflex.stats["reflex_on_share"] > 0.5
     assert reflex.stats["tokens_per_step_hist"] != static.stats["tokens_per_step_hist"]
     assert rollouts("t1-medusa-trained-fixed8-reflex-paper")[0].stats["reflex_on_share"] > 0.5
+
+
+def test_tokens_follow_the_policy_across_a_head_update(model, oracle, heads):
+    """adaptation=both (Reflex on, records collected) with a head-only update published between
+    two generate calls, as a rollout actor sees it between training steps."""
+    setting = Setting(dict(temperature=1.0), "path-random",
+                      dict(budget="fixed", fixed_nodes=8, adaptation="both", reflex=ReflexConfig(mode="code", scale=300.0)))
+    first, recorder, params = speculative_rollout(model, heads[setting.heads], setting)
+    before = decisions_of(oracle, first, recorder, params, setting.n)
+    consolidator = HeadConsolidator(heads[setting.heads], "every_step", DriftConfig(), ConsolidationConfig(lr=3e-3, steps=20))
+    asked = consolidator.observe(*recorder.decoder.pop_head_records(), policy_version=0)
+    update = consolidator.update(asked, model.lm_head.weight, model.embed_tokens.weight)
+    assert update.committed and consolidator.version == 1
+    recorder.decoder.set_heads(copy.deepcopy(consolidator.heads))
+    recorder.steps.clear()
+    params = replace(params, seed=1)
+    second = recorder.engine.generate(PROMPTS, params)
+    after = decisions_of(oracle, second, recorder, params, setting.n)
+    assert second.stats["tokens_per_step_mean"] > first.stats["tokens_per_step_mean"]  # the update drafts better
+    for dec in (before, after):
+        assert bonferroni_min(exactness_pvalues(dec, NUM_HEADS)) > PASS_P
 
 
 def test_eos_inside_deep_accepted_paths(rollouts):

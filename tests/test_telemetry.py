@@ -1,7 +1,7 @@
 """Metric namespace, rollout summaries, and the sinks: JSONL, console, W&B offline and disabled."""
 import io
-import time
 import json
+import time
 
 import numpy as np
 import pytest
