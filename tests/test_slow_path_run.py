@@ -52,6 +52,11 @@ def test_head_updates_reach_the_rollout_actors_and_resume_keeps_the_detector(ray
     seen.clear()
     run_training(config(tmp_path, ["rollout.spec.adaptation=every_step", "total_steps=3"]), on_step_end=heads_held)
     (third, _), = seen
+    resumed = torch.load(latest_checkpoint(Path(tmp_path / "run" / "checkpoints")) / "heads.pt", weights_only=True)
+    detector, before = resumed["consolidation"]["detector"], saved["consolidation"]["detector"]
+    assert detector["step"] == 3  # counted on from the checkpoint, not from zero
+    for frozen in ("tv_median", "tv_scale", "baseline_acceptance"):  # the baselines calibrated in the first launch
+        torch.testing.assert_close(detector[frozen], before[frozen], rtol=0, atol=0, equal_nan=True)
     assert third[m.HEADS_VERSION] >= saved["version"]  # continued from the checkpointed heads
     assert third[m.HEADS_UPDATES] == 1  # counted since this launch
     assert third[m.HEADS_REPLAY_RECORDS] > first[m.HEADS_REPLAY_RECORDS]  # the replayed records came back
