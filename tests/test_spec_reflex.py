@@ -88,7 +88,7 @@ def test_correction_is_at_most_a_hundredth_of_the_head_state_times_scale():
     fast.state = torch.tensor([[1.0, -1.0, 1.0, -1.0], [0.0, 0.0, 0.0, 0.0]])
     fast.evidence = torch.tensor([1e6, 1e6])
     head = torch.full((2, 3, 4), 2.0)
-    corr = fast.correction(head, depth=4, cfg=cfg)
+    corr = fast.correction(4, head, cfg)
     # scale * (1 - e^-inf) * 1 / 1.25 * 0.01 / sqrt(4) * rms(h) = 3 * 0.8 * 0.005 * 2 = 0.024 per unit of s / rms(s)
     torch.testing.assert_close(corr[0], torch.tensor([0.024, -0.024, 0.024, -0.024]).expand(3, 4))
     assert (corr[1] == 0).all()  # a row without state gets nothing

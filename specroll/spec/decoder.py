@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import Counter
+from functools import partial
 
 import torch
 
@@ -15,12 +16,12 @@ from ..rollout.engine import DecodeState, StepResult
 from ..rollout.sampling import sampling_logprobs
 from .budget import concurrency_budget, cost_model_budget, speculation_may_pay
 from .config import SpecConfig
+from .head_records import RecordCollector
 from .heads import HorizonHeads, shipped_heads
 from .lookup import LookupAcceptance, add_lookup_candidates, lookup_drafts
-from .head_records import RecordCollector
 from .maturation import matured_proposals
 from .profile import get_profile
-from .reflex import FastState, SafetyGuard, matured_feedback
+from .reflex import FastState, SafetyGuard, matured_feedback, rms
 from .tree import draft_candidates, root_only_tree, select_tree, tree_attention_mask
 from .verify import verify_tree
 
@@ -150,7 +151,7 @@ class SpecDecoder:
         if self.reflex is not None:
             fast = self.fast_state(state)
             if self.guard.allows and bool(fast.active(self.reflex).any()):
-                adjust = lambda depth, states: fast.correction(states, depth, self.reflex)  # noqa: E731
+                adjust = partial(fast.correction, cfg=self.reflex)
                 self.stats["reflex_on_steps"] += 1
         cands = draft_candidates(self.heads, self.model, state.last_hidden, state.last_tokens,
                                  max_drafts, self.log_calibration(), self.cfg.max_children,
@@ -241,7 +242,7 @@ class SpecDecoder:
         s["reflex_records"] += int(feedback.records.sum())
         s["reflex_resets"] += fast.resets - resets
         s["reflex_reliability"] += float(fast.reliability.mean())
-        s["reflex_state_rms"] += float(fast.state.pow(2).mean(dim=1).sqrt().mean())
+        s["reflex_state_rms"] += float(rms(fast.state).mean())
         s["time_reflex_s"] += time.perf_counter() - started
 
     def planned_drafts(self, batch: int) -> int:

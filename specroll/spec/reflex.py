@@ -178,7 +178,7 @@ class FastState:
             on &= self.reliability > cfg.reliability_threshold
         return on
 
-    def correction(self, head_states: torch.Tensor, depth: int, cfg: ReflexConfig) -> torch.Tensor:
+    def correction(self, depth: int, head_states: torch.Tensor, cfg: ReflexConfig) -> torch.Tensor:
         """What to add to head `depth`'s (1-based) states [B, F, D] before the LM head."""
         size = rms(self.state)  # [B]
         ramp = 1 - torch.exp(-self.evidence / cfg.evidence_scale)
