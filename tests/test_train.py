@@ -1,7 +1,7 @@
 """The driver (`specroll.train`) end to end on a real local Ray cluster with a tiny model:
 failures name the actor, resume=auto continues where the last checkpoint left off, Hydra
-overrides change what runs, invalid configs fail before anything starts, and errors reach the
-user as their message alone."""
+overrides change what runs, invalid configs fail before anything starts, errors reach the
+user as their message alone, and the slow path's head updates reach every rollout actor."""
 import json
 import os
 import subprocess
@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from specroll.actors import ActorFailedError
 from specroll.configs import load_train_config
 from specroll.data import PromptStream, load_problems
-from specroll.learner import CheckpointDamagedError, GRPOLearner, LearnerConfig, save_checkpoint
+from specroll.learner import CheckpointDamagedError, GRPOLearner, LearnerConfig, latest_checkpoint, save_checkpoint
 from specroll.models import build_tiny_model
+from specroll.telemetry import metric_names as m
 from specroll.train import checkpoint_to_resume, errors_as_messages, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,3 +169,49 @@ def test_a_dead_actor_is_reported_as_its_message(monkeypatch):
         raise failure
     with pytest.raises(KeyError), errors_as_messages("error"):  # an unnamed error (a bug) keeps its traceback
         raise KeyError("x")
+
+
+# Records every step; a small step size, so that updates on a random policy's records still help held-out ones.
+SLOW = ["cluster.num_rollout_actors=2", "data.prompts_per_step=4", "rollout.spec.consolidation.lr=1e-4",
+        "rollout.spec.drift.calibration_steps=2", "rollout.spec.drift.min_records=1"]
+
+
+def test_head_updates_reach_the_rollout_actors_and_resume_keeps_the_detector(ray_cluster, tmp_path):
+    """The slow path in a run: updates reach every rollout actor as a new head version, the step's
+    telemetry shows them, and a resumed run keeps the drift detector's state and the replayed records."""
+    seen = []
+
+    def heads_held(step, metrics, actors):
+        seen.append((metrics, [v["heads"] for v in actors.rollout_call("versions")]))
+
+    run_training(config(tmp_path, [*SLOW, "rollout.spec.adaptation=every_step", "total_steps=2"]), on_step_end=heads_held)
+    (first, held_after_0), (second, held_after_1) = seen
+    assert [first[m.HEADS_UPDATES], second[m.HEADS_UPDATES]] == [1, 2]  # one update each step
+    # Every rollout actor holds what the consolidation actor published, and the next step drafts with it.
+    assert held_after_0 == [first[m.HEADS_VERSION]] * 2 and held_after_1 == [second[m.HEADS_VERSION]] * 2
+    assert second[m.HEAD_VERSION] == first[m.HEADS_VERSION]
+    assert second[m.HEADS_VERSION] >= 1  # at least one update was kept
+    assert first[m.HEADS_REPLAY_RECORDS] > 0 and first[m.HEADS_UPDATE_S] > 0 and m.HEADS_LOSS in first
+    assert 0 <= first[m.HEADS_UPDATE_WAIT_S] <= first[m.STEP_TIME_S]
+
+    saved = torch.load(latest_checkpoint(Path(tmp_path / "run" / "checkpoints")) / "heads.pt", weights_only=True)
+    assert saved["version"] == second[m.HEADS_VERSION] and saved["consolidation"]["detector"]["step"] == 2
+    seen.clear()
+    run_training(config(tmp_path, [*SLOW, "rollout.spec.adaptation=every_step", "total_steps=3"]), on_step_end=heads_held)
+    (third, _), = seen
+    resumed = torch.load(latest_checkpoint(Path(tmp_path / "run" / "checkpoints")) / "heads.pt", weights_only=True)
+    detector, before = resumed["consolidation"]["detector"], saved["consolidation"]["detector"]
+    assert detector["step"] == 3  # counted on from the checkpoint, not from zero
+    for frozen in ("tv_median", "tv_scale", "baseline_acceptance"):  # the baselines calibrated in the first launch
+        torch.testing.assert_close(detector[frozen], before[frozen], rtol=0, atol=0, equal_nan=True)
+    assert third[m.HEADS_VERSION] >= saved["version"]  # continued from the checkpointed heads
+    assert third[m.HEADS_UPDATES] == 1  # counted since this launch
+    assert third[m.HEADS_REPLAY_RECORDS] > first[m.HEADS_REPLAY_RECORDS]  # the replayed records came back
+
+
+def test_slow_mode_without_a_trigger_keeps_the_heads(ray_cluster, tmp_path):
+    seen = []
+    run_training(config(tmp_path, [*SLOW, "rollout.spec.adaptation=slow", "total_steps=2"]),
+                 on_step_end=lambda step, metrics, actors: seen.append(metrics))
+    assert [s[m.HEADS_VERSION] for s in seen] == [0, 0] and [s[m.HEADS_UPDATES] for s in seen] == [0, 0]
+    assert seen[-1][m.HEADS_REPLAY_RECORDS] > 0 and seen[-1][m.HEADS_DRIFT_TRIGGERS] == 0
