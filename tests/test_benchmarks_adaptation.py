@@ -1,0 +1,108 @@
+"""The adaptation benchmark: its summary by hand, and a tiny end-to-end run of every mode."""
+import json
+import math
+
+import pytest
+import torch
+
+from specroll.benchmarks.adaptation import VANILLA, goals, main, markdown_table, rate, summarize
+
+ROUNDS, DRIFT_AT, PROMPTS, N = 5, 2, 2, 2
+
+
+def row(tok_per_pass=None, tokens=100, gen_s=1.0, acceptance=(0.5, 0.25), update=None, **extra):
+    out = {"tokens": tokens, "gen_s": gen_s, "tokens_per_s": tokens / gen_s, **extra}
+    if tok_per_pass is not None:
+        out |= {"tokens_per_step_mean": tok_per_pass, "acceptance_by_depth": list(acceptance), "head_version": 0}
+    if update is not None:
+        out["update"] = {"committed": update[0], "seconds": update[1]}
+    return out
+
+
+def test_summary_splits_at_the_drift_and_takes_ratios_of_totals():
+    rounds = {VANILLA: [row(), row(), row(tokens=100, gen_s=1.0), row(tokens=300, gen_s=2.0)],
+              "static": [row(2.0), row(2.2), row(1.5, acceptance=(0.4, 0.2)), row(1.7, tokens=200, gen_s=3.0)],
+              "every_step": [row(2.0, update=(True, 0.5)), row(2.0, update=(False, 0.25)),
+                             row(1.8, update=(True, 0.25)), row(1.9, acceptance=(0.6, 0.3))]}
+    s = summarize(rounds, drift_at=2)
+    static, every = s["static"], s["every_step"]
+    assert static["tokens_per_step_before"] == pytest.approx(2.1)
+    assert static["tokens_per_step_after"] == pytest.approx(1.6)
+    assert static["tokens_per_step_after_se"] == pytest.approx(0.1)  # sd 0.1 * sqrt(2) over sqrt(2) rounds
+    assert static["tokens_per_step_late"] == pytest.approx(1.7)  # the later half of 2 rounds after: the last
+    assert static["acceptance_by_depth_after"] == pytest.approx([0.45, 0.225])
+    # After the drift vanilla made 400 tokens in 3 s, static 300 in 4 s: (300 / 4) / (400 / 3).
+    assert s[VANILLA]["tokens_per_s_after"] == pytest.approx(400 / 3)
+    assert static["speed_ratio_after_totals"] == pytest.approx((300 / 4) / (400 / 3))
+    # Per round: 100 / 100 and (200 / 3) / 150, median of two = their mean.
+    assert static["speed_ratio_after"] == pytest.approx((1.0 + 200 / 3 / 150) / 2)
+    assert (static["update_attempts"], static["updates_committed"], static["update_s"]) == (0, 0, 0.0)
+    assert (every["update_attempts"], every["updates_committed"]) == (3, 2)
+    assert every["update_s"] == pytest.approx(1.0) and every["update_share_of_gen"] == pytest.approx(1.0 / 4)
+
+
+def test_goals_compare_the_modes_after_the_drift():
+    summary = {VANILLA: {}, "static": {"tokens_per_step_after": 1.5}, "reflex": {"tokens_per_step_after": 1.6},
+               "slow": {"tokens_per_step_after": 1.7},
+               "both": {"tokens_per_step_after": 1.9, "update_attempts": 2, "update_share_of_gen": 0.01},
+               "every_step": {"tokens_per_step_after": 1.95, "update_attempts": 10, "update_share_of_gen": 0.2}}
+    g = goals(summary)
+    assert g["both > slow > static"] and g["both >= reflex >= static"]
+    assert g["both / every_step tokens per pass"] == pytest.approx(1.9 / 1.95) and g["both within 5% of every_step"]
+    assert g["every_step / both updates"] == 5 and g["both runs >= 5x fewer updates"]
+    assert g["both updates < 2% of generation time"]
+    summary["slow"]["tokens_per_step_after"] = 1.4  # below static
+    assert not goals(summary)["both > slow > static"]
+
+
+@pytest.fixture
+def one_thread():
+    # A CPU shared with other jobs: one intra-op thread is several times faster for tiny models.
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_every_mode_runs_every_round_on_the_same_prompts(tmp_path, one_thread):
+    out = tmp_path / "bench.json"
+    result = main(["--tiny", "--threads", "1", "--rounds", str(ROUNDS), "--drift-at", str(DRIFT_AT),
+                   "--prompts", str(PROMPTS), "--n", str(N), "--max-new-tokens", "12", "--calibration-steps", "2",
+                   "--min-records", "4", "--head-lr", "3e-3", "--json", str(out)])
+    written = json.loads(out.read_text())
+    rounds, summary = written["rounds"], written["summary"]
+    modes = [VANILLA, "static", "reflex", "slow", "both", "every_step"]
+    assert list(rounds) == modes and written["summary"] == json.loads(json.dumps(result["summary"]))
+    for r in range(ROUNDS):
+        assert {tuple(rounds[m][r]["prompt_indices"]) for m in modes} == {tuple(range(r * PROMPTS, (r + 1) * PROMPTS))}
+        assert {rounds[m][r]["policy"] for m in modes} == {"A" if r < DRIFT_AT else "B"}
+        assert all(rounds[m][r]["responses"] == PROMPTS * N and rounds[m][r]["round"] == r for m in modes)
+
+    # Static heads never change; reflex runs only where the mode has it, records only where the slow path does.
+    assert all(r.get("update") is None and r["head_version"] == 0 for r in rounds["static"])
+    assert all("reflex_on_share" in r for m in ("reflex", "both", "every_step") for r in rounds[m])
+    assert all("reflex_on_share" not in r and "records" not in r for m in ("static",) for r in rounds[m])
+    # every_step attempts an update every round once records exist; committed heads draft from the next round on.
+    assert all(r["records"] > 0 and r["heads_to_train"] == [0, 1, 2, 3] and r["update"] is not None
+               for r in rounds["every_step"])
+    for m in ("slow", "both", "every_step"):
+        committed = [bool(r["update"] and r["update"]["committed"]) for r in rounds[m]]
+        assert [r["head_version"] for r in rounds[m]] == [sum(committed[:r]) for r in range(ROUNDS)]
+
+    # The summary and the table come from the rounds.
+    after = {m: rounds[m][DRIFT_AT:] for m in modes}
+    for m in modes[1:]:
+        s = summary[m]
+        per_round = [r["tokens_per_step_mean"] for r in after[m]]
+        assert s["tokens_per_step_after"] == pytest.approx(sum(per_round) / len(per_round))
+        assert s["speed_ratio_after_totals"] == pytest.approx(rate(after[m]) / rate(after[VANILLA]))
+        ratios = sorted(r["tokens_per_s"] / v["tokens_per_s"] for r, v in zip(after[m], after[VANILLA]))
+        assert s["speed_ratio_after"] == pytest.approx(ratios[len(ratios) // 2])  # 3 rounds after: the middle one
+        assert s["update_attempts"] == sum(r.get("update") is not None for r in rounds[m])
+        line = next(x for x in written["table"].splitlines() if x.startswith(f"| {m} |"))
+        assert f"| {s['tokens_per_step_before']:.2f} | {s['tokens_per_step_after']:.2f} ± " in line
+    assert summary["static"]["update_attempts"] == 0 and summary["every_step"]["update_attempts"] == ROUNDS
+    assert written["table"] == markdown_table(summarize(rounds, DRIFT_AT))
+    assert all(not (isinstance(v, float) and math.isnan(v)) for s in summary.values() for v in s.values())
+
+    png = out.with_suffix(".png")
+    assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
