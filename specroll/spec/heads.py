@@ -10,7 +10,7 @@ residual block in hidden space.
 
 `num_layers` > 1 adds residual layers `s <- s + SiLU(W s + c)` after that block in every head
 (Hydra++'s deeper heads): one block is a single nonlinearity over [state; token], which
-stopped improving with more data (see the README's head figures).
+stopped improving with more data (see docs/design.md, head depth).
 
 All weights start at zero, so an untrained head drafts the policy's next-token distribution,
 and layers added to trained heads leave their drafts unchanged until trained.
