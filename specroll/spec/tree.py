@@ -33,7 +33,7 @@ class Candidates:
     depths: torch.Tensor  # [B, C] 1..H
     scores: torch.Tensor  # [B, C] estimated log-probability of acceptance (-inf = unusable)
     head_probs: torch.Tensor  # [B, C] head probability of the token given its parent
-    proposals: list | None = None  # Reflex: the heads' sketch at each depth (`reflex.Proposal`), if asked for
+    proposals: list | None = None  # the heads' sketch at each depth (`maturation.Proposal`), if asked for
 
     def ranked(self) -> torch.Tensor:
         """Candidate order by decreasing score, parents always before their children: [B, C]."""
@@ -73,8 +73,9 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
 
     hidden [B, D]: the policy's final hidden state at the position that produced `roots` [B].
     log_calibration [H]: per-depth log correction of head probabilities (learned online).
-    adjust(depth, states [B, F, D]) -> what head `depth` (1-based) feeds the LM head (Reflex).
-    sketch_size m > 0 keeps each depth's top-m head distribution per frontier node (Reflex).
+    adjust(depth, states [B, F, D]) -> a correction added to head `depth`'s (1-based) states before
+    the LM head (Reflex). sketch_size m > 0 keeps each depth's top-m head distribution per frontier
+    node (the matured records of Reflex and the slow path).
     """
     batch = hidden.shape[0]
     width = min(max_children, max_drafts)
