@@ -2,7 +2,7 @@
 
 Six families: `rollout/*` (the step's responses), `spec/*` (speculative decoding),
 `perf/*` (throughput), `timing_s/*` (seconds per phase of a step), `train/*` (the learner's
-update, emitted by `GRPOLearner.update`) and `heads/*` (draft-head consolidation). A name
+update, emitted by `GRPOLearner.update`, and the step itself) and `heads/*` (draft-head consolidation). A name
 not defined here is refused by `check_metric_name`: add it here, with its meaning, first.
 Unless stated otherwise a value describes one training step.
 """
@@ -66,6 +66,7 @@ TIME_HEAD_SYNC = metric("timing_s/head_sync", "sending new draft-head weights to
 TIME_CHECKPOINT = metric("timing_s/checkpoint", "saving a checkpoint (0 on steps without one)")
 
 # train/*: `GRPOLearner.update`; per-token values are means over valid response tokens.
+STEP = metric("train/step", "the training step (0-based): the x-axis W&B draws every metric against")
 LOSS = metric("train/loss", "total loss per optimizer step (policy loss + KL penalty)")
 PG_LOSS = metric("train/pg_loss", "clipped policy-gradient loss per optimizer step")
 CLIP_FRAC_LOW = metric("train/clip_frac_low", "share of tokens clipped at ratio 1 - clip_low")
@@ -106,6 +107,13 @@ def acceptance_depth(depth: int) -> str:
     if depth < 1:
         raise ValueError(f"tree depth must be >= 1, got {depth}")
     return ACCEPTANCE_DEPTH.format(d=depth)
+
+
+def family_names(family: str) -> tuple[str, ...]:
+    """The fixed names of one family, in the order defined here (templates left out)."""
+    if family not in FAMILIES:
+        raise ValueError(f"metric family {family!r} is not one of {FAMILIES}")
+    return tuple(name for name in METRICS if name.split("/", 1)[0] == family)
 
 
 def is_metric_name(name: str) -> bool:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm.auto import tqdm
 
-from .metric_names import check_metric_name
+from .metric_names import FAMILIES, STEP, check_metric_name
 
 if TYPE_CHECKING:  # the learner may log through telemetry; configs import the learner
     from specroll.configs import LoggerSection
@@ -94,7 +94,11 @@ class ConsoleSink:
 
 
 class WandbSink:
-    """A W&B run in `run_dir/wandb`; passing a saved `run_id` continues that run."""
+    """A W&B run in `run_dir/wandb`; passing a saved `run_id` continues that run.
+
+    Every family is defined against `train/step`, logged with each step, so W&B's charts (and
+    the dashboard's, `telemetry.dashboard`) draw metrics against the training step.
+    """
 
     def __init__(self, cfg: LoggerSection, run_dir: Path, config: dict | None, run_id: str | None) -> None:
         import wandb
@@ -109,13 +113,16 @@ class WandbSink:
             resume="allow",
             config=config,
         )
+        self.run.define_metric(STEP)
+        for family in FAMILIES:
+            self.run.define_metric(f"{family}/*", step_metric=STEP)
 
     @property
     def run_id(self) -> str:
         return self.run.id
 
     def log(self, step: int, metrics: dict[str, float | int]) -> None:
-        self.run.log(metrics, step=step)
+        self.run.log({**metrics, STEP: step}, step=step)
 
     def close(self) -> None:
         self.run.finish()
