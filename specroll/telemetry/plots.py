@@ -1,15 +1,28 @@
-"""Figures of benchmark and run telemetry, one function per kind of figure.
+"""Figures of benchmark and run telemetry, shared by the notebooks and the benchmark commands.
 
-Each function draws on its own `matplotlib.figure.Figure` (the Agg canvas, no pyplot), so it
-works headless and never changes the backend of a notebook that imports it; it saves the
-figure when given a path and returns it.
+Each `plot_*` function draws on its own `matplotlib.figure.Figure` (the Agg canvas, no pyplot),
+so it works headless and never changes the backend of a notebook that imports it; it saves the
+figure when given a path and returns it (a notebook shows a returned figure).
+
+Runs (`runs`: run directories, {label: directory}, or `RunHistory`s; see `history.read_runs`):
+`plot_run_curves` draws every panel of `RUN_PANELS` in one figure, `plot_run_panel` one of them.
+Comparisons of rollout modes: `plot_tokens_per_pass` (also the adaptation benchmark's),
+`plot_budget_trace`, `plot_speedup_by_concurrency`.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+
+from . import metric_names as m
+from .history import RunHistory, read_runs
+
+Runs = Sequence[str | Path | RunHistory] | Mapping[str, str | Path] | str | Path | RunHistory
 
 
 def plot_tokens_per_pass(series: Mapping[str, Sequence[float]], drift_at: int | None = None,
@@ -38,7 +51,256 @@ def plot_tokens_per_pass(series: Mapping[str, Sequence[float]], drift_at: int | 
     ax.legend(fontsize="small")
     if title:
         ax.set_title(title, fontsize="medium")
+    return saved(fig, path)
+
+
+def saved(fig: Figure, path: str | Path | None) -> Figure:
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=120)
     return fig
+
+
+# Run panels: each draws one aspect of the runs on `ax`, with the training step as x where it has one.
+
+def no_data(ax: Axes, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} in these runs", ha="center", va="center", transform=ax.transAxes, color="grey")
+
+
+def step_axis(ax: Axes) -> None:
+    ax.set_xlabel("training step")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+
+
+def label(run: RunHistory, runs: Sequence[RunHistory], what: str) -> str:
+    return what if len(runs) == 1 else f"{run.name}: {what}"
+
+
+def draw_lines(ax: Axes, runs: Sequence[RunHistory], names: Mapping[str, str], ylabel: str) -> None:
+    """One line per (run, metric); `names`: metric -> legend text. Styles tell metrics apart, colours runs."""
+    styles = ("-", "--", ":", "-.")
+    drawn = False
+    for i, run in enumerate(runs):
+        for style, (name, what) in zip(styles, names.items()):
+            steps, values = run.series(name)
+            if steps:
+                ax.plot(steps, values, style, marker=".", color=f"C{i}", label=label(run, runs, what))
+                drawn = True
+    step_axis(ax)
+    ax.set_ylabel(ylabel)
+    if drawn:
+        ax.legend(fontsize="small")
+    else:
+        no_data(ax, " or ".join(names))
+
+
+def draw_throughput(ax: Axes, runs: Sequence[RunHistory]) -> None:
+    draw_lines(ax, runs, {m.GEN_TOKENS_PER_S: "generated", m.TRAIN_TOKENS_PER_S: "trained"}, "tokens/s")
+    ax.set_title("throughput", fontsize="medium")
+
+
+def draw_step_time(ax: Axes, runs: Sequence[RunHistory]) -> None:
+    draw_lines(ax, runs, {m.STEP_TIME_S: "step", m.TIME_GEN: "generation"}, "seconds")
+    ax.set_title("step time", fontsize="medium")
+
+
+def draw_time_breakdown(ax: Axes, run: RunHistory) -> None:
+    """The phases of each step stacked (timing_s/*), the whole step's wall time on top as a line.
+
+    With cluster.overlap or an overlapping head update, phases run at once and the stack can exceed it.
+    """
+    steps = run.steps
+    phases = {name: dict(zip(*run.series(name))) for name in m.family_names("timing_s")}
+    phases = {name: [by_step.get(s, 0.0) for s in steps] for name, by_step in phases.items() if by_step}
+    if not phases:
+        no_data(ax, "timing_s/*")
+    else:
+        ax.stackplot(steps, *phases.values(), labels=[name.split("/", 1)[1] for name in phases], alpha=0.8)
+        total_steps, total = run.series(m.STEP_TIME_S)
+        if total_steps:
+            ax.plot(total_steps, total, "k.-", label="whole step")
+        ax.legend(fontsize="x-small", loc="upper left")
+    step_axis(ax)
+    ax.set_ylabel("seconds")
+    ax.set_title(f"where the step's time goes: {run.name}", fontsize="medium")
+
+
+def draw_tokens_per_pass(ax: Axes, runs: Sequence[RunHistory]) -> None:
+    draw_lines(ax, runs, {m.TOKENS_PER_STEP: "tokens per verify pass"}, "tokens per verify pass")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_title("tokens per verify pass (1 = no gain)", fontsize="medium")
+
+
+def acceptance_depths(run: RunHistory) -> list[int]:
+    depths, d = [], 1
+    while m.acceptance_depth(d) in run.names():
+        depths.append(d)
+        d += 1
+    return depths
+
+
+def draw_acceptance_by_depth(ax: Axes, runs: Sequence[RunHistory]) -> None:
+    """Per run, the mean over steps of the share accepted at each tree depth."""
+    drawn = False
+    for i, run in enumerate(runs):
+        depths = acceptance_depths(run)
+        if depths:
+            means = [sum(v) / len(v) for v in (run.series(m.acceptance_depth(d))[1] for d in depths)]
+            ax.plot(depths, means, "o-", color=f"C{i}", label=run.name)
+            drawn = True
+    ax.set_xlabel("tree depth")
+    ax.set_ylabel("accepted share (mean over steps)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("acceptance by depth", fontsize="medium")
+    if drawn:
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize="small")
+    else:
+        no_data(ax, "spec/acceptance_depth_*")
+
+
+def draw_budget_vs_active(ax: Axes, runs: Sequence[RunHistory]) -> None:
+    """One point per step: mean nodes per response against mean unfinished responses."""
+    drawn = False
+    for i, run in enumerate(runs):
+        rows = [r for r in run.rows if r.get(m.NODE_BUDGET_MEAN) is not None and r.get(m.ACTIVE_ROWS_MEAN) is not None]
+        if rows:
+            ax.scatter([r[m.ACTIVE_ROWS_MEAN] for r in rows], [r[m.NODE_BUDGET_MEAN] for r in rows],
+                       color=f"C{i}", label=run.name)
+            drawn = True
+    ax.set_xlabel("active rows (mean per decode step)")
+    ax.set_ylabel("node budget (mean per response)")
+    ax.set_title("node budget against active rows", fontsize="medium")
+    if drawn:
+        ax.legend(fontsize="small")
+    else:
+        no_data(ax, m.NODE_BUDGET_MEAN)
+
+
+def draw_heads(ax: Axes, runs: Sequence[RunHistory]) -> None:
+    draw_lines(ax, runs, {m.HEAD_VERSION: "heads drafting", m.HEADS_VERSION: "heads published",
+                          m.HEADS_UPDATES: "head updates"}, "version / count")
+    ax.set_title("draft heads", fontsize="medium")
+
+
+def draw_rewards(ax: Axes, runs: Sequence[RunHistory]) -> None:
+    draw_lines(ax, runs, {m.REWARD_MEAN: "reward", m.ACCURACY: "accuracy"}, "mean over responses")
+    ax.set_title("rewards", fontsize="medium")
+
+
+RUNS_PANELS: dict[str, Callable[[Axes, Sequence[RunHistory]], None]] = {  # every run on one axes
+    "throughput": draw_throughput,
+    "step_time": draw_step_time,
+    "tokens_per_pass": draw_tokens_per_pass,
+    "acceptance_by_depth": draw_acceptance_by_depth,
+    "budget_vs_active": draw_budget_vs_active,
+    "heads": draw_heads,
+    "rewards": draw_rewards,
+}
+ONE_RUN_PANELS: dict[str, Callable[[Axes, RunHistory], None]] = {  # one axes per run
+    "time_breakdown": draw_time_breakdown,
+}
+RUN_PANELS = ("throughput", "step_time", "time_breakdown", "tokens_per_pass", "acceptance_by_depth",
+              "budget_vs_active", "heads", "rewards")  # plot_run_curves' order
+
+
+def panel_calls(runs: Sequence[RunHistory], panels: Sequence[str]) -> list[Callable[[Axes], None]]:
+    """One drawing per axes."""
+    calls: list[Callable[[Axes], None]] = []
+    for panel in panels:
+        if panel in ONE_RUN_PANELS:
+            calls += [lambda ax, run=run, draw=ONE_RUN_PANELS[panel]: draw(ax, run) for run in runs]
+        elif panel in RUNS_PANELS:
+            calls.append(lambda ax, draw=RUNS_PANELS[panel]: draw(ax, runs))
+        else:
+            raise ValueError(f"unknown panel {panel!r}; panels: {', '.join(RUN_PANELS)}")
+    return calls
+
+
+def plot_run_panels(runs: Runs, panels: Sequence[str] = RUN_PANELS, path: str | Path | None = None,
+                    columns: int = 2) -> Figure:
+    """The chosen `RUN_PANELS` of the runs in a grid of `columns`."""
+    histories = read_runs(runs)
+    if not histories:
+        raise ValueError("no runs to plot")
+    calls = panel_calls(histories, panels)
+    columns = min(columns, len(calls))
+    rows = math.ceil(len(calls) / columns)
+    fig = Figure(figsize=(6.5 * columns, 4 * rows), layout="constrained")
+    for i, draw in enumerate(calls):
+        ax = fig.add_subplot(rows, columns, i + 1)
+        ax.grid(alpha=0.3)
+        draw(ax)
+    return saved(fig, path)
+
+
+def plot_run_curves(runs: Runs, path: str | Path | None = None) -> Figure:
+    """Everything a user looks at after a run, one panel each: throughput, step time, where the
+    step's time goes, tokens per verify pass, acceptance by depth, node budget against active
+    rows, draft-head versions and updates, rewards and accuracy."""
+    return plot_run_panels(runs, RUN_PANELS, path)
+
+
+def plot_run_panel(runs: Runs, panel: str, path: str | Path | None = None) -> Figure:
+    """One of `RUN_PANELS` (the step-time breakdown: one axes per run)."""
+    return plot_run_panels(runs, (panel,), path)
+
+
+# Comparison figures: rollout modes raced on the same prompts (see specroll/benchmarks/comparison.py).
+
+class Trace(Protocol):
+    active_rows: Sequence[int]
+    node_budget: Sequence[int]
+
+
+def plot_budget_trace(traces: Mapping[str, Trace], path: str | Path | None = None, title: str = "") -> Figure:
+    """Within one rollout, per mode: active rows and node budget over decode steps, and the budget
+    against the active rows (how the tree budget follows the unfinished responses)."""
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    over_time, against = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    rows_axis = over_time.twinx()
+    for i, (mode, trace) in enumerate(traces.items()):
+        decode_steps = range(len(trace.node_budget))
+        over_time.plot(decode_steps, trace.node_budget, "-", color=f"C{i}", label=f"{mode}: node budget")
+        rows_axis.plot(decode_steps, trace.active_rows, ":", color=f"C{i}", label=f"{mode}: active rows")
+        against.scatter(trace.active_rows, trace.node_budget, s=12, color=f"C{i}", alpha=0.6, label=mode)
+    over_time.set_xlabel("decode step (verify pass) of the rollout")
+    over_time.set_ylabel("node budget (nodes per response, solid)")
+    rows_axis.set_ylabel("active rows (dotted)")
+    against.set_xlabel("active rows")
+    against.set_ylabel("node budget (nodes per response)")
+    for ax in (over_time, against):
+        ax.grid(alpha=0.3)
+    if traces:
+        handles = [h for ax in (over_time, rows_axis) for h in ax.get_legend_handles_labels()[0]]
+        over_time.legend(handles=handles, fontsize="small")
+        against.legend(fontsize="small")
+    else:
+        no_data(over_time, "rollout traces")
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    return saved(fig, path)
+
+
+def plot_speedup_by_concurrency(speedups: Mapping[str, Sequence[tuple[int, float]]], path: str | Path | None = None,
+                                title: str = "") -> Figure:
+    """Generation speedup over vanilla decoding against concurrency (responses decoded at once), per mode."""
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for mode, points in speedups.items():
+        ax.plot([c for c, _ in points], [s for _, s in points], "o-", label=mode)
+    ax.axhline(1.0, color="grey", linestyle="--", label="vanilla")
+    ax.set_xscale("log", base=2)
+    measured = sorted({c for points in speedups.values() for c, _ in points})
+    if measured:
+        ax.set_xticks(measured, [str(c) for c in measured])
+        ax.minorticks_off()
+    ax.set_xlabel("concurrency (responses decoded at once)")
+    ax.set_ylabel("speedup over vanilla (tokens/s ratio)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    if not speedups:
+        no_data(ax, "concurrency measurements")
+    if title:
+        ax.set_title(title, fontsize="medium")
+    return saved(fig, path)
