@@ -90,7 +90,12 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--project", default="specroll", help="W&B project the runs log to (logger.project)")
     ap.add_argument("--name", default="SpecRoll", help="name of the saved workspace view")
     args = ap.parse_args(argv)
-    workspace = build_workspace(args.entity, args.project, args.name).save()
+    import wandb
+
+    try:
+        workspace = build_workspace(args.entity, args.project, args.name).save()
+    except wandb.errors.UsageError as exc:  # no API key: say so without a traceback
+        raise SystemExit(f"error: {exc} (or set WANDB_API_KEY)") from None
     print(f"SpecRoll workspace saved: {workspace.url}")
     return workspace.url
 
