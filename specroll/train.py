@@ -33,11 +33,15 @@ from specroll.learner import latest_checkpoint, latest_intact_checkpoint, verify
 from specroll.models import resolve_checkpoint
 from specroll.telemetry import MetricsLogger, StepProgress, response_metrics, summarize_rollout_stats
 from specroll.telemetry import metric_names as m
+from specroll.telemetry.history import STEP_KEY, RunHistory, read_run
+from specroll.telemetry.plots import plot_run_curves
+from specroll.telemetry.run_summary import format_summary
 from specroll.telemetry.sinks import JSONL_NAME
 
 CONF_ENV = "SPECROLL_CONF"
 CHECKPOINTS = "checkpoints"  # under run_dir
 CONFIG_NAME = "config.yaml"  # under run_dir: the resolved config of the latest launch
+CURVES_NAME = "run_curves.png"  # under run_dir: the run's curves, drawn at its end
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks, kept for ours
 # Errors whose message names what failed (a config field, a checkpoint file, an actor): a traceback adds nothing.
 REPORTED_ERRORS = (ValueError, FileNotFoundError, ActorFailedError)
@@ -52,7 +56,8 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
 
     `on_step_end(step, metrics, actors)` runs after each logged step (notebooks, tests).
     The summary holds: run_dir, first_step, total_steps, policy_version, data_position, last_checkpoint,
-    checkpoint_dir, config_file, metrics_file, wandb_run_id, wandb_dir, metrics (of the last step).
+    checkpoint_dir, config_file, metrics_file, wandb_run_id, wandb_dir, metrics (of the last step),
+    curves_file and table (the run's curves as a PNG and its end-of-run table; None without steps).
     """
     check_runnable(cfg)
     run_dir = Path(cfg.run_dir)
@@ -76,6 +81,7 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
                                run_id=resumed["wandb_run_id"] if resumed else None, first_step=first_step)
         last_checkpoint = resumed["path"] if resumed else None
         metrics: dict = {}
+        launched_rows: list[dict] = []  # this launch's steps, for the report when no metrics file is kept
 
         def start_rollouts(step: int):
             """Draw the step's prompts, push the latest policy, launch generation. Returns the
@@ -116,9 +122,12 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
                 metrics = step_metrics(rollouts, trained, heads, weight_sync_s, checkpoint_s,
                                        time.perf_counter() - step_started)
                 logger.log(step, metrics)
+                launched_rows.append({STEP_KEY: step, **metrics})
                 progress.update(step, metrics)
                 if on_step_end is not None:
                     on_step_end(step, metrics, actors)
+        history = read_run(run_dir) if cfg.logger.jsonl else RunHistory(run_dir.name, launched_rows)
+        curves_file, table = run_report(history, run_dir / CURVES_NAME)
         return {
             "run_dir": str(run_dir),
             "first_step": first_step,
@@ -132,6 +141,8 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
             "wandb_run_id": logger.run_id,
             "wandb_dir": wandb_location(logger),
             "metrics": metrics,
+            "curves_file": curves_file,
+            "table": table,
         }
     except ActorFailedError as exc:
         if logger is None:  # failed while starting: nothing ran that a resume would continue
@@ -241,6 +252,14 @@ def step_metrics(rollouts: Rollouts, trained: dict, heads: dict, weight_sync_s: 
     return metrics
 
 
+def run_report(history: RunHistory, curves_path: Path) -> tuple[str | None, str | None]:
+    """The run's curves drawn to `curves_path`, and its end-of-run table; (None, None) without steps."""
+    if not history.rows:
+        return None, None
+    plot_run_curves(history, curves_path)
+    return str(curves_path), format_summary(history)
+
+
 def wandb_location(logger: MetricsLogger) -> str | None:
     """The offline run's directory (what `wandb sync` takes), the run's URL online, None without W&B."""
     if logger.wandb is None:
@@ -263,6 +282,10 @@ def describe(summary: dict) -> str:
         lines.append(f"  metrics:      {summary['metrics_file']}")
     lines.append(f"  checkpoints:  {summary['checkpoint_dir']}   (latest: {summary['last_checkpoint']})")
     lines.append(f"  config:       {summary['config_file']}")
+    if summary.get("curves_file"):
+        lines.append(f"  curves:       {summary['curves_file']}")
+    if summary.get("table"):
+        lines += ["", "Summary:", summary["table"]]
     return "\n".join(lines)
 
 

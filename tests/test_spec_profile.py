@@ -6,7 +6,9 @@ import torch
 
 from specroll.models import build_tiny_model
 from specroll.models.prepacked_linear import PrepackedLinear
-from specroll.spec.budget import cost_model_budget, speculation_may_pay
+from specroll.spec.budget import cost_model_budget, resolve_budget, speculation_may_pay
+from specroll.spec import SpecConfig
+from specroll.spec.decoder import SpecDecoder
 from specroll.spec.profile import HardwareProfile, get_profile, measure_profile
 
 
@@ -81,3 +83,12 @@ def test_drafting_time_counts_against_speculation():
     steep = table_profile([[100, 110, 120, 140], [120, 140, 160, 200], [200, 450, 900, 1800]])
     assert not speculation_may_pay(steep, 16, 8, max_depth=4)
     assert speculation_may_pay(steep, 1, 8, max_depth=4)
+
+
+def test_auto_budget_is_concurrency_on_gpus_and_the_cost_model_elsewhere():
+    assert resolve_budget("auto", "cuda") == "concurrency"
+    assert resolve_budget("auto", "cpu") == "cost_model"
+    for policy in ("fixed", "concurrency", "cost_model"):
+        assert resolve_budget(policy, "cuda") == resolve_budget(policy, "cpu") == policy
+    decoder = SpecDecoder(build_tiny_model(), SpecConfig(num_heads=2, profile_cache_len=32))
+    assert SpecConfig().budget == "auto" and decoder.budget == "cost_model" and decoder.profile is not None

@@ -51,10 +51,12 @@ def test_every_per_token_learner_metric_is_in_the_namespace():
 def test_summary_of_two_actors_by_hand():
     a = dict(tokens=30, wall_time_s=2.0, active_rows_per_step=[4, 2], verify_steps=2,
              tokens_per_step_hist={1: 2, 3: 4}, acceptance_by_depth=[0.5, 0.25], budget_per_step=[4, 8],
-             time_draft_s=1.0, time_verify_s=2.0, time_bookkeeping_s=1.0, lookup_token_share=0.5)
+             time_draft_s=1.0, time_verify_s=2.0, time_bookkeeping_s=1.0, lookup_token_share=0.5,
+             drafted_response_steps=4, drafted_tokens=10)
     b = dict(tokens=10, wall_time_s=4.0, active_rows_per_step=[3], verify_steps=1,
              tokens_per_step_hist={2: 2}, acceptance_by_depth=[1.0, 0.0], budget_per_step=[6],
-             time_draft_s=0.0, time_verify_s=1.0, time_bookkeeping_s=0.0, lookup_token_share=0.0)
+             time_draft_s=0.0, time_verify_s=1.0, time_bookkeeping_s=0.0, lookup_token_share=0.0,
+             drafted_response_steps=0, drafted_tokens=0)
     out = summarize_rollout_stats([a, b], head_version=7)
     assert out == pytest.approx({
         "perf/gen_tokens_per_s": 40 / 4.0,  # actors run in parallel: the slowest sets the pace
@@ -62,6 +64,7 @@ def test_summary_of_two_actors_by_hand():
         "spec/head_version": 7.0,
         "spec/verify_steps": 3.0,
         "spec/tokens_per_step": (2 * 1 + 4 * 3 + 2 * 2) / 8,
+        "spec/drafted_tokens_per_step": 10 / 4,  # only the passes that drafted a tree
         "spec/node_budget_mean": 6.0,
         "spec/acceptance_depth_1": (0.5 * 6 + 1.0 * 2) / 8,
         "spec/acceptance_depth_2": (0.25 * 6 + 0.0 * 2) / 8,
@@ -80,6 +83,7 @@ def test_summaries_of_real_vanilla_and_speculative_rollouts():
     out = summarize_rollout_stats(RolloutEngine(model, spec=spec_cfg).generate(prompts, params).stats, head_version=0)
     assert out["spec/node_budget_mean"] == 4.0
     assert 1.0 <= out["spec/tokens_per_step"] <= 4.0
+    assert out["spec/drafted_tokens_per_step"] == pytest.approx(out["spec/tokens_per_step"])  # every pass drafted
     assert [name for name in out if name.startswith("spec/acceptance_depth_")] == [acceptance_depth(d) for d in (1, 2, 3)]
     assert out["perf/gen_tokens_per_s"] > 0 and 0 < out["spec/draft_time_frac"] < 1
     for name in out:

@@ -20,7 +20,7 @@ from specroll.data import PromptStream, load_problems
 from specroll.learner import CheckpointDamagedError, GRPOLearner, LearnerConfig, latest_checkpoint, save_checkpoint
 from specroll.models import build_tiny_model
 from specroll.telemetry import metric_names as m
-from specroll.train import checkpoint_to_resume, errors_as_messages, run_training
+from specroll.train import checkpoint_to_resume, describe, errors_as_messages, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -215,3 +215,20 @@ def test_slow_mode_without_a_trigger_keeps_the_heads(ray_cluster, tmp_path):
                  on_step_end=lambda step, metrics, actors: seen.append(metrics))
     assert [s[m.HEADS_VERSION] for s in seen] == [0, 0] and [s[m.HEADS_UPDATES] for s in seen] == [0, 0]
     assert seen[-1][m.HEADS_REPLAY_RECORDS] > 0 and seen[-1][m.HEADS_DRIFT_TRIGGERS] == 0
+
+
+def test_the_quickstart_preset_ends_with_its_table_and_curves(ray_cluster, tmp_path):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = load_train_config(compose("config", overrides=[
+            "experiment=quickstart", "model=tiny", "logger=none", f"run_dir={tmp_path / 'run'}",
+            "learner.max_seq_len=256", "rollout.spec.budget=fixed", "checkpoint_every=0", "total_steps=2"]))
+    summary = run_training(cfg)
+    png = Path(summary["curves_file"])
+    assert png.parent == tmp_path / "run" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = summary["table"]
+    for line in ("tokens per verify pass", "acceptance by depth", "generation tokens/s",
+                 "reward mean, first -> last steps", "where the step's time went"):
+        assert line in table
+    assert "gen " in table and "update " in table  # the phases that took time are named
+    described = describe(summary)
+    assert f"curves:       {png}" in described and table in described

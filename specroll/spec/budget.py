@@ -14,7 +14,16 @@ import torch
 
 from .profile import HardwareProfile
 
-BUDGET_POLICIES = ("fixed", "concurrency", "cost_model")
+BUDGET_POLICIES = ("auto", "fixed", "concurrency", "cost_model")
+
+
+def resolve_budget(policy: str, device_type: str) -> str:
+    """`auto` is the policy measured to pay on this kind of device: `concurrency` on GPUs, where a
+    verify pass costs about one step up to C_hw tokens; `cost_model` elsewhere (CPUs), where the
+    verify cost grows with the tree and only the planned trees that beat plain decoding pay."""
+    if policy != "auto":
+        return policy
+    return "concurrency" if device_type == "cuda" else "cost_model"
 
 
 def concurrency_budget(capacity: int, active_rows: int, min_nodes: int, max_nodes: int) -> int:

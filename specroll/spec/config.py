@@ -23,7 +23,8 @@ class SpecConfig:
     # Trained heads file; "shipped" = SpecRoll's heads for this model (untrained if none ship);
     # None = freshly initialised heads.
     heads_path: str | None = "shipped"
-    budget: str = "concurrency"  # node budget policy: fixed | concurrency | cost_model
+    # Node budget policy: auto (concurrency on GPUs, cost_model on CPUs) | fixed | concurrency | cost_model.
+    budget: str = "auto"
     fixed_nodes: int = 8  # nodes per response (root included) for budget=fixed
     min_nodes: int = 1  # N_min; 1 = plain decoding when speculation does not fit
     max_nodes: int = 16  # N_max nodes per response, root included

@@ -14,7 +14,7 @@ import torch
 
 from ..rollout.engine import DecodeState, StepResult
 from ..rollout.sampling import sampling_logprobs
-from .budget import concurrency_budget, cost_model_budget, speculation_may_pay
+from .budget import concurrency_budget, cost_model_budget, resolve_budget, speculation_may_pay
 from .config import SpecConfig
 from .head_records import RecordCollector
 from .heads import HorizonHeads, shipped_heads
@@ -76,7 +76,8 @@ class SpecDecoder:
         self.max_tokens_per_step = cfg.max_nodes
         self.set_heads(heads if heads is not None else initial_heads(model, cfg))
         self.profile = None
-        if cfg.budget == "cost_model" or (cfg.budget == "concurrency" and cfg.capacity is None):
+        self.budget = resolve_budget(cfg.budget, next(model.parameters()).device.type)
+        if self.budget == "cost_model" or (self.budget == "concurrency" and cfg.capacity is None):
             self.profile = get_profile(model, cfg.profile_cache_len)
         self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
         # Cost model: EMA of drafting seconds by the depth drafted (index 0: no drafting).
@@ -104,6 +105,7 @@ class SpecDecoder:
         self.stats = {"tokens_per_step": Counter(), "budget_per_step": [], "accepted_by_depth": [0] * self.heads.num_heads,
                       "reached_by_depth": [0] * self.heads.num_heads, "time_draft_s": 0.0, "time_verify_s": 0.0,
                       "time_bookkeeping_s": 0.0, "verify_steps": 0, "drafts_accepted": 0, "lookup_accepted": 0,
+                      "drafted_response_steps": 0, "drafted_tokens": 0,
                       "time_reflex_s": 0.0, "reflex_on_steps": 0, "reflex_records": 0, "reflex_reliability": 0.0,
                       "reflex_state_rms": 0.0, "reflex_resets": 0, "time_records_s": 0.0}
 
@@ -115,6 +117,8 @@ class SpecDecoder:
             "verify_steps": s["verify_steps"],
             "tokens_per_step_hist": hist,
             "tokens_per_step_mean": emitted / max(sum(hist.values()), 1),
+            "drafted_response_steps": s["drafted_response_steps"],
+            "drafted_tokens": s["drafted_tokens"],
             "acceptance_by_depth": [a / r if r else 0.0 for a, r in zip(s["accepted_by_depth"], s["reached_by_depth"])],
             "budget_per_step": s["budget_per_step"],
             "time_draft_s": s["time_draft_s"],
@@ -141,7 +145,7 @@ class SpecDecoder:
     def node_budget(self, active_rows: int) -> int:
         """N_t of the budgets that need no drafts to decide it."""
         cfg = self.cfg
-        if cfg.budget == "fixed":
+        if self.budget == "fixed":
             return cfg.fixed_nodes
         return concurrency_budget(self.capacity, active_rows, cfg.min_nodes, cfg.max_nodes)
 
@@ -167,7 +171,7 @@ class SpecDecoder:
         t0 = time.perf_counter()
         batch = state.last_tokens.shape[0]
         roots, hidden = state.last_tokens, state.last_hidden
-        if self.cfg.budget == "cost_model":
+        if self.budget == "cost_model":
             # The running estimates say how many nodes to draft (none where drafting would not
             # pay); this step's drafts then pick N_t, never above what was drafted.
             drafts, cands, lookup, budget = self.planned_drafts(batch), None, None, self.cfg.min_nodes
@@ -331,7 +335,10 @@ class SpecDecoder:
             s["lookup_accepted"] += int((on_chain & as_draft).sum())
         if budget == 1:
             return
-        s["drafts_accepted"] += int((verdict.counts - 1).sum())
+        emitted = int(verdict.counts.sum())
+        s["drafted_response_steps"] += verdict.counts.shape[0]
+        s["drafted_tokens"] += emitted
+        s["drafts_accepted"] += emitted - verdict.counts.shape[0]
         acc = verdict.accepted_at_depth
         reached = torch.cat((torch.ones_like(acc[:, :1]), acc[:, :-1]), 1)
         for d, (a, r) in enumerate(zip(acc.sum(0).tolist(), reached.sum(0).tolist())):

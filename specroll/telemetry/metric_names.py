@@ -36,6 +36,8 @@ ROLLOUT_POLICY_VERSION = metric("rollout/policy_version",
 
 # spec/*: speculative decoding, from the rollout engine's stats.
 TOKENS_PER_STEP = metric("spec/tokens_per_step", "tokens emitted per response per verify pass (1 = no gain)")
+DRAFTED_TOKENS_PER_STEP = metric("spec/drafted_tokens_per_step",
+                                 "tokens emitted per response per verify pass, over the passes that drafted a tree")
 ACCEPTANCE_DEPTH = metric("spec/acceptance_depth_{d}", "share of drafts accepted at tree depth d among those that reached it")
 NODE_BUDGET_MEAN = metric("spec/node_budget_mean", "mean tree nodes per response (root included) over verify passes")
 ACTIVE_ROWS_MEAN = metric("spec/active_rows_mean", "mean unfinished responses per decode step of an actor (both modes)")

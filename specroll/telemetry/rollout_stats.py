@@ -44,6 +44,9 @@ def summarize_rollout_stats(stats: Mapping | Sequence[Mapping], head_version: in
     response_steps = sum(hist.values())
     if response_steps:
         out[m.TOKENS_PER_STEP] = sum(k * v for k, v in hist.items()) / response_steps
+    drafted = sum(s["drafted_response_steps"] for s in spec_parts)
+    if drafted:
+        out[m.DRAFTED_TOKENS_PER_STEP] = sum(s["drafted_tokens"] for s in spec_parts) / drafted
     budgets = [b for s in spec_parts for b in s["budget_per_step"]]
     if budgets:
         out[m.NODE_BUDGET_MEAN] = mean(budgets)
