@@ -51,9 +51,11 @@ def summary_rows(run: RunHistory) -> list[tuple[str, str]]:
     if run.series(m.VERIFY_STEPS)[1]:
         overall = weighted_mean(run, m.TOKENS_PER_STEP, m.VERIFY_STEPS)
         rows.append(("tokens per verify pass", f"{fmt(drafted)} where a tree was drafted, {fmt(overall)} overall"))
-        depths = sorted(n for n in run.names() if n.startswith("spec/acceptance_depth_"))
-        depths.sort(key=lambda n: int(n.rsplit("_", 1)[1]))
-        accepted = [weighted_mean(run, n, m.VERIFY_STEPS) for n in depths]
+        # Steps that never drafted report zero acceptance at every depth: leave them out.
+        drafting = RunHistory(run.name, [row for row in run.rows if row.get(m.DRAFTED_TOKENS_PER_STEP) is not None])
+        depths = sorted((n for n in drafting.names() if n.startswith("spec/acceptance_depth_")),
+                        key=lambda n: int(n.rsplit("_", 1)[1]))
+        accepted = [weighted_mean(drafting, n, m.VERIFY_STEPS) for n in depths]
         rows.append(("acceptance by depth", " ".join(fmt(a) for a in accepted) or "-"))
         rows.append(("mean tree nodes per response", fmt(mean(run.series(m.NODE_BUDGET_MEAN)[1]), ".1f")))
     rows.append(("generation tokens/s", fmt(mean(run.series(m.GEN_TOKENS_PER_S)[1]), ".1f")))

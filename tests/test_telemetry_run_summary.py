@@ -1,0 +1,44 @@
+"""The end-of-run table, by hand on a three-step history."""
+import pytest
+
+from specroll.telemetry.history import RunHistory
+from specroll.telemetry.run_summary import first_and_last, format_summary, summary_rows, time_shares, weighted_mean
+
+ROWS = [
+    {"step": 0, "spec/verify_steps": 10.0, "spec/tokens_per_step": 1.0, "spec/node_budget_mean": 1.0,
+     "spec/acceptance_depth_1": 0.0, "perf/gen_tokens_per_s": 10.0, "rollout/reward_mean": 0.0,
+     "perf/step_time_s": 10.0, "timing_s/gen": 4.0, "timing_s/update": 5.0},
+    {"step": 1, "spec/verify_steps": 30.0, "spec/tokens_per_step": 1.5, "spec/drafted_tokens_per_step": 2.0,
+     "spec/node_budget_mean": 3.0, "spec/acceptance_depth_1": 0.6, "spec/acceptance_depth_2": 0.3,
+     "perf/gen_tokens_per_s": 20.0, "rollout/reward_mean": 0.5, "perf/step_time_s": 10.0,
+     "timing_s/gen": 3.0, "timing_s/update": 6.0},
+    {"step": 2, "spec/verify_steps": 10.0, "spec/tokens_per_step": 1.0, "spec/node_budget_mean": 1.0,
+     "perf/gen_tokens_per_s": 30.0, "rollout/reward_mean": 1.0, "perf/step_time_s": 20.0,
+     "timing_s/gen": 5.0, "timing_s/update": 10.0},
+]
+
+
+def test_pieces_by_hand():
+    run = RunHistory("r", ROWS)
+    assert weighted_mean(run, "spec/tokens_per_step", "spec/verify_steps") == pytest.approx((10 + 45 + 10) / 50)
+    assert weighted_mean(run, "spec/drafted_tokens_per_step", "spec/verify_steps") == 2.0  # the one step that drafted
+    assert first_and_last([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]) == (1.5, 7.5)  # quarters
+    assert first_and_last([4.0]) == (4.0, 4.0)
+    shares = time_shares(run)
+    assert shares["timing_s/gen"] == pytest.approx(12 / 40) and shares["timing_s/update"] == pytest.approx(21 / 40)
+    assert shares["other"] == pytest.approx(7 / 40) and "timing_s/checkpoint" not in shares
+
+
+def test_table_by_hand():
+    rows = dict(summary_rows(RunHistory("r", ROWS)))
+    assert rows["tokens per verify pass"] == "2.00 where a tree was drafted, 1.30 overall"
+    assert rows["acceptance by depth"] == "0.60 0.30"  # of the one step that drafted
+    assert rows["reward mean, first -> last steps"] == "0.00 -> 1.00"
+    assert rows["generation tokens/s"] == "20.0" and rows["step time, s (mean)"] == "13.3"
+    assert rows["where the step's time went"] == "gen 30%, update 52%, other 18%"
+    assert format_summary(RunHistory("r", ROWS)).splitlines()[0].startswith("  tokens per verify pass")
+
+
+def test_a_vanilla_run_has_no_speculation_lines():
+    rows = dict(summary_rows(RunHistory("r", [{"step": 0, "perf/gen_tokens_per_s": 5.0, "perf/step_time_s": 2.0}])))
+    assert "tokens per verify pass" not in rows and rows["generation tokens/s"] == "5.0"
