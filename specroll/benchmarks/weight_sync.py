@@ -1,0 +1,126 @@
+"""Weight sync from the learner to a rollout replica: where the seconds go.
+
+    python -m specroll.benchmarks.weight_sync --model smollm2 [--dtype bfloat16] [--repeats 3] [--json out.json]
+
+On a local Ray cluster, two measurements of the same sync:
+  stages      each stage of the sync run alone in this process (torch threads as an actor has
+              them): the learner's gather (`LearnerActor.policy_weights`), `ray.put`, `ray.get`
+              (deserialisation from the shared-memory store), the replica's load
+              (`RolloutActor.load_policy`) and the repacking of its prepacked linears, which the
+              first forward after a sync pays;
+  end_to_end  `RunActors.sync_policy` between real actors: what `timing_s/weight_sync` reports.
+Each figure is the median over `--repeats`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import ray
+import torch
+from hydra import compose, initialize_config_dir
+
+from ..actors import LearnerActor, RolloutActor, RunActors
+from ..configs import TrainConfig, load_train_config
+from ..train import conf_dir
+
+# The model's config group and the lengths that fit its context (nothing is generated here).
+MODELS = {"tiny": ["model=tiny", "rollout.max_new_tokens=16", "learner.max_response_len=16", "learner.max_seq_len=256"],
+          "smollm2": ["model=smollm2_135m"]}
+STAGES = ("gather", "put", "get", "load", "repack")
+
+
+def benchmark_config(model: str, dtype: str) -> TrainConfig:
+    """Vanilla rollouts (no head-consolidation actor), `dtype` replicas, a float32 learner, no logging."""
+    overrides = [*MODELS[model], f"model.dtype={dtype}", "model.device=cpu", "learner.device=cpu",
+                 "rollout=vanilla", "logger=none", "resume=never", "checkpoint_every=0"]
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        return load_train_config(compose("config", overrides=overrides))
+
+
+def seconds(run: Callable[[], object]) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = run()
+    return time.perf_counter() - started, result
+
+
+def one_token_forward(replica: RolloutActor) -> Callable[[], object]:
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    return lambda: replica.model(ids)
+
+
+@torch.no_grad()
+def stage_seconds(cfg: TrainConfig, repeats: int) -> tuple[dict[str, float], int]:
+    """Median seconds of each stage of a sync, run one after another in this process, and the
+    number of parameters shipped."""
+    torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_learner)))
+    learner = LearnerActor(cfg, rank=0, world_size=1)
+    learner.setup(*learner.master_address())
+    replica = RolloutActor(cfg, index=0)
+    forward = one_token_forward(replica)
+    forward()  # the replica's linears are packed once, as in a rollout actor that has generated
+    times: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    for _ in range(repeats):
+        gather_s, (version, weights) = seconds(learner.policy_weights)
+        put_s, ref = seconds(lambda: ray.put(weights))
+        del weights
+        get_s, received = seconds(lambda: ray.get(ref))
+        load_s, _ = seconds(lambda: replica.load_policy(version, received))
+        first_s, _ = seconds(forward)
+        steady_s, _ = seconds(forward)
+        del received, ref
+        for stage, value in zip(STAGES, (gather_s, put_s, get_s, load_s, max(0.0, first_s - steady_s))):
+            times[stage].append(value)
+    params = sum(p.numel() for p in replica.model.parameters())
+    return {stage: statistics.median(values) for stage, values in times.items()}, params
+
+
+def end_to_end_seconds(cfg: TrainConfig, repeats: int) -> float:
+    """Median seconds of `RunActors.sync_policy` (learner to one rollout actor) between real actors."""
+    actors = RunActors.start(cfg)
+    try:
+        times = []
+        for _ in range(repeats):
+            actors.rollout_version = None  # the replica is told it is behind, so every call ships the weights
+            times.append(seconds(actors.sync_policy)[0])
+        return statistics.median(times)
+    finally:
+        actors.shutdown()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2", help="the policy to ship")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the replica's dtype")
+    parser.add_argument("--repeats", type=int, default=3, help="syncs per measurement; medians are reported")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args(argv)
+    cfg = benchmark_config(args.model, args.dtype)
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        stages, params = stage_seconds(cfg, args.repeats)
+        end_to_end = end_to_end_seconds(cfg, args.repeats)
+    finally:
+        if started_ray:
+            ray.shutdown()
+    result = {"model": args.model, "dtype": args.dtype, "parameters": params, "repeats": args.repeats,
+              "stages_s": stages, "stages_total_s": sum(stages.values()), "end_to_end_s": end_to_end}
+    print(f"weight sync of {args.model} ({params / 1e6:.1f}M parameters) to a {args.dtype} replica, "
+          f"median of {args.repeats}:")
+    for stage, value in stages.items():
+        print(f"  {stage:<8} {value:8.3f} s")
+    print(f"  {'total':<8} {result['stages_total_s']:8.3f} s   (stages one by one, in this process)")
+    print(f"  end-to-end sync_policy between actors: {end_to_end:.3f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()
