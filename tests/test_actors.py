@@ -22,6 +22,7 @@ from specroll.actors import (
 )
 from specroll.configs import load_train_config
 from specroll.data import load_problems
+from specroll.models.flat_weights import FlatWeights
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 PROMPTS, GROUP = 4, 2
@@ -85,7 +86,7 @@ def test_responses_do_not_depend_on_how_the_prompts_are_split():
     torch.set_num_threads(1)
     cfg = config()
     actor = RolloutActor(cfg, index=0)
-    actor.load_policy(0, actor.model.state_dict())
+    actor.load_policy(0, FlatWeights.pack(actor.model.state_dict()))
     problems = load_problems("synthetic", synthetic=cfg.data.synthetic)[:PROMPTS]
     whole = actor.generate(5, 0, list(enumerate(problems)))
     shards = [actor.generate(5, 0, [(i, problems[i]) for i in r]) for r in split_groups(PROMPTS, 2)]

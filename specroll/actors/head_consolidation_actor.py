@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import ray
 import torch
 
+from specroll.models.flat_weights import FlatWeights
 from specroll.spec import HorizonHeads, SpecConfig
 from specroll.spec.consolidation import HeadConsolidator
 from specroll.spec.drift import HeadTelemetry, merge_telemetry
@@ -144,11 +145,15 @@ class HeadConsolidationActor:
         return {"version": self.version, "state": self.state, "meta": self.meta,
                 "consolidation": None if self.consolidator is None else self.consolidator.state_dict()}
 
-    def load_policy(self, version: int, state: Mapping[str, torch.Tensor]) -> int:
+    def load_policy(self, version: int, weights: FlatWeights) -> int:
         """The learner's policy `version`: the slow path trains heads against its LM head and embeddings."""
         device = actor_device("auto")  # the GPU Ray reserved for this actor, if any
-        embed = state["embed_tokens.weight"].to(device)
-        lm_head = state["lm_head.weight"].to(device) if "lm_head.weight" in state else embed  # tied: one matrix
+        state = weights.tensors()
+        embed_view = state["embed_tokens.weight"]
+        lm_head_view = state.get("lm_head.weight", embed_view)
+        # Copied: a view would pin the whole policy's object in the store until the next version.
+        embed = embed_view.to(device, copy=True)
+        lm_head = embed if lm_head_view.data_ptr() == embed_view.data_ptr() else lm_head_view.to(device, copy=True)
         self.policy = (version, lm_head, embed)
         return version
 

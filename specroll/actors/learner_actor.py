@@ -17,6 +17,8 @@ import torch
 from specroll.configs import TrainConfig
 from specroll.learner import GRPOLearner, GRPOSamples, load_checkpoint, save_checkpoint
 from specroll.learner.grpo_learner import free_port
+from specroll.models import resolve_dtype
+from specroll.models.flat_weights import FlatWeights
 
 from .batch import Rollouts
 from .placement import actor_device, use_cpus
@@ -29,6 +31,7 @@ class LearnerActor:
         use_cpus(cfg.cluster.cpus_per_learner)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.learner: GRPOLearner | None = None
+        self.packed: FlatWeights | None = None  # rank 0: the buffers of the last weights handed out
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group: this node's address and a free port."""
@@ -62,11 +65,16 @@ class LearnerActor:
         return {"metrics": metrics, "old_logprob_s": scored - started, "update_s": done - scored,
                 "tokens": sum(samples.sequence_lengths())}
 
-    def policy_weights(self) -> tuple[int, dict[str, torch.Tensor] | None]:
-        """`(version, full weights on the CPU)` on rank 0, `(version, None)` on the others
-        (ZeRO-3 gathers the weights collectively, so every rank takes part)."""
-        version, state = self.learner.policy_state_dict()
-        return version, state if self.rank == 0 else None
+    def policy_weights(self) -> tuple[int, FlatWeights | None]:
+        """`(version, weights in the rollout replicas' dtype)` on rank 0, `(version, None)` on the
+        others (ZeRO-3 gathers the weights collectively, so every rank takes part)."""
+        if self.rank != 0:
+            with self.learner.gathered_state():
+                return self.learner.version, None
+        with self.learner.gathered_state() as state:
+            # Ray copies the returned buffers into the object store, so the next sync may reuse them.
+            self.packed = FlatWeights.pack(state, resolve_dtype(self.cfg.model.dtype), into=self.packed)
+        return self.learner.version, self.packed
 
     def response_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """Log-probs of given responses under the current policy at the training temperature."""

@@ -17,6 +17,7 @@ import torch
 from specroll.configs import TrainConfig, validate_against_model
 from specroll.data import Problem, format_prompt, math_reward, score_response
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
+from specroll.models.flat_weights import FlatWeights
 from specroll.rollout import RolloutEngine
 from specroll.spec import HorizonHeads
 
@@ -53,9 +54,9 @@ class RolloutActor:
         """`{"policy": ..., "heads": ...}`: the versions this replica generates with (None: none yet / vanilla)."""
         return {"policy": self.policy_version, "heads": None if self.heads is None else self.heads.version}
 
-    def load_policy(self, version: int, state: dict[str, torch.Tensor]) -> int:
-        """Replace all policy weights with the learner's `version` (cast to this replica's dtype and device)."""
-        self.model.load_state_dict(state)
+    def load_policy(self, version: int, weights: FlatWeights) -> int:
+        """Replace all policy weights with the learner's `version`, in place (read from the object store without a copy)."""
+        weights.copy_into(self.model)
         self.policy_version = version
         return version
 

@@ -86,7 +86,8 @@ class RunActors:
     def sync_policy(self) -> int:
         """Give every rollout actor the learner's current weights unless they hold them already.
 
-        The weights go into the object store once; every rollout actor loads that same object.
+        Rank 0 packs the weights in the replicas' dtype into one object (`FlatWeights`) in the object
+        store; every rollout actor reads that same object in place and copies it into its parameters.
         Returns the policy version the rollout actors now hold.
         """
         if self.rollout_version == self.learner_version:

@@ -16,6 +16,7 @@ import copy
 import math
 import os
 import socket
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -331,12 +332,10 @@ class GRPOLearner:
             metrics["train/frac_zero_std_groups"] = zero_std_groups / groups
         return metrics
 
-    def policy_state_dict(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """`(version, full weights on CPU)` in our parameter names, gathered from any ZeRO stage.
-
-        Tied tensors stay shared. `version` counts optimizer updates; rollout workers use it
-        to know which policy sampled a response.
-        """
+    @contextlib.contextmanager
+    def gathered_state(self) -> Iterator[dict[str, torch.Tensor]]:
+        """The policy's full state dict on this rank's device, in our parameter names, while the
+        context lasts (ZeRO-3 gathers the partitioned weights collectively: every rank enters)."""
         import deepspeed
 
         module = self.engine.module
@@ -345,10 +344,19 @@ class GRPOLearner:
             if self.cfg.zero_stage == 3
             else contextlib.nullcontext()
         )
-        out: dict[str, torch.Tensor] = {}
         with gathered:
+            yield module.state_dict()
+
+    def policy_state_dict(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """`(version, full weights on CPU)` in our parameter names, gathered from any ZeRO stage.
+
+        Tied tensors stay shared. `version` counts optimizer updates; rollout workers use it
+        to know which policy sampled a response.
+        """
+        out: dict[str, torch.Tensor] = {}
+        with self.gathered_state() as state:
             copies: dict[int, torch.Tensor] = {}
-            for name, tensor in module.state_dict().items():
+            for name, tensor in state.items():
                 key = tensor.data_ptr()
                 if key not in copies:
                     copies[key] = tensor.detach().to("cpu", copy=True)
