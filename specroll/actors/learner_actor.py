@@ -22,6 +22,7 @@ from specroll.models.flat_weights import FlatWeights
 
 from .batch import Rollouts
 from .placement import actor_device, use_cpus
+from .threads import node_cores, phase_threads, use_threads
 
 
 class LearnerActor:
@@ -32,6 +33,7 @@ class LearnerActor:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.learner: GRPOLearner | None = None
         self.packed: FlatWeights | None = None  # rank 0: the buffers of the last weights handed out
+        self.threads = phase_threads(cfg.cluster, node_cores()).learner  # while training
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 listens for the process group: this node's address and a free port."""
@@ -53,6 +55,7 @@ class LearnerActor:
 
         Returns train/* metrics (reduced over ranks) and the seconds of each phase.
         """
+        use_threads(self.threads)
         learner = self.learner
         samples = learner.build_samples(rollouts.prompt_ids_per_response(), rollouts.response_ids, rollouts.rewards,
                                         rollouts.group_size, truncated=rollouts.truncated())

@@ -24,6 +24,7 @@ from specroll.spec import HorizonHeads
 from .batch import Rollouts, prompt_key
 from .head_consolidation_actor import DriftRecord
 from .placement import actor_device, use_cpus
+from .threads import node_cores, phase_threads, use_threads
 
 
 class RolloutActor:
@@ -45,6 +46,7 @@ class RolloutActor:
         self.model, self.tokenizer = model, tokenizer
         self.engine = RolloutEngine(model, tokenizer, spec=cfg.rollout.speculation)
         self.policy_version: int | None = None  # the initial weights are not a learner version yet
+        self.threads = phase_threads(cfg.cluster, node_cores()).rollout  # while generating
 
     @property
     def heads(self) -> HorizonHeads | None:
@@ -87,6 +89,7 @@ class RolloutActor:
                 f"rollout actor {self.index} holds policy version {self.policy_version}, "
                 f"but step {step} must be generated with version {policy_version}"
             )
+        use_threads(self.threads)
         started = time.perf_counter()
         prompts = [format_prompt(self.tokenizer, problem.question) for _, problem in problems]
         params = self.cfg.rollout.sampling_params(seed=self.cfg.seed)
