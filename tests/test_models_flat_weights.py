@@ -52,10 +52,12 @@ def test_copy_into_refuses_weights_of_another_model():
     with pytest.raises(ValueError, match=r"missing \['layers.0.self_attn.qkv_proj.bias', "
                                          r"'layers.1.self_attn.qkv_proj.bias'\], unexpected \[\]"):
         weights.copy_into(build_tiny_model("qwen2", seed=0))
-    wider = build_tiny_model("llama", seed=0, intermediate_size=128)
+    wider = build_tiny_model("llama", seed=3, intermediate_size=128)
+    before = {k: v.clone() for k, v in wider.state_dict().items()}
     with pytest.raises(ValueError, match=r"weight layers.0.mlp.gate_up_proj.weight has shape \[128, 32\], "
                                          r"the model's is \[256, 32\]"):
         weights.copy_into(wider)
+    assert all(torch.equal(v, before[k]) for k, v in wider.state_dict().items())  # refused before any copy
 
 
 def test_packing_into_an_earlier_result_reuses_its_buffers():

@@ -60,25 +60,7 @@ class FlatWeights:
         `into`: an earlier result for the same model and dtype whose buffers are overwritten and
         returned, sparing the page faults of fresh memory (they cost more than the copy itself).
         """
-        by_storage: dict[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]], int] = {}
-        names: list[list[str]] = []
-        tensors: list[torch.Tensor] = []
-        for name, tensor in state.items():
-            key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
-            if key in by_storage:
-                names[by_storage[key]].append(name)
-                continue
-            by_storage[key] = len(tensors)
-            names.append([name])
-            tensors.append(tensor)
-        sizes: dict[str, int] = {}
-        slots = []
-        for tensor_names, tensor in zip(names, tensors):
-            target = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
-            kind = dtype_name(target)
-            offset = sizes.get(kind, 0)
-            slots.append(TensorSlot(tuple(tensor_names), kind, tuple(tensor.shape), offset))
-            sizes[kind] = offset + aligned(tensor.numel() * target.itemsize)
+        slots, tensors, sizes = layout(state, dtype)
         reusable = into is not None and into.slots == slots and all(b.flags.writeable for b in into.buffers.values())
         if reusable:
             flat = {kind: torch.from_numpy(buffer) for kind, buffer in into.buffers.items()}
@@ -111,14 +93,43 @@ class FlatWeights:
         if set(targets) != set(sources):
             missing, unexpected = sorted(set(targets) - set(sources)), sorted(set(sources) - set(targets))
             raise ValueError(f"weights do not match the model: missing {missing}, unexpected {unexpected}")
+        for slot in self.slots:  # all checked before anything is overwritten
+            for name in slot.names:
+                if tuple(targets[name].shape) != slot.shape:
+                    raise ValueError(f"weight {name} has shape {list(slot.shape)}, the model's is "
+                                     f"{list(targets[name].shape)}")
         with torch.no_grad():
             for slot in self.slots:
-                for name in slot.names:
-                    target = targets[name]
-                    if tuple(target.shape) != slot.shape:
-                        raise ValueError(f"weight {name} has shape {list(slot.shape)}, the model's is {list(target.shape)}")
-                    if name == slot.names[0] or target.data_ptr() != targets[slot.names[0]].data_ptr():
-                        target.copy_(sources[name])
+                first = targets[slot.names[0]]
+                first.copy_(sources[slot.names[0]])
+                for name in slot.names[1:]:
+                    if targets[name].data_ptr() != first.data_ptr():  # tied here too: already written
+                        targets[name].copy_(sources[name])
+
+
+def layout(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None
+           ) -> tuple[list[TensorSlot], list[torch.Tensor], dict[str, int]]:
+    """The slots of `state`'s distinct tensors (tied names share one), those tensors, and each buffer's size in bytes."""
+    first_name: dict[tuple, int] = {}  # (address, dtype, shape, strides) -> index of the tensor
+    names: list[list[str]] = []
+    tensors: list[torch.Tensor] = []
+    for name, tensor in state.items():
+        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+        if key in first_name:
+            names[first_name[key]].append(name)
+            continue
+        first_name[key] = len(tensors)
+        names.append([name])
+        tensors.append(tensor)
+    sizes: dict[str, int] = {}
+    slots = []
+    for tensor_names, tensor in zip(names, tensors):
+        target = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+        kind = dtype_name(target)
+        offset = sizes.get(kind, 0)
+        slots.append(TensorSlot(tuple(tensor_names), kind, tuple(tensor.shape), offset))
+        sizes[kind] = offset + aligned(tensor.numel() * target.itemsize)
+    return slots, tensors, sizes
 
 
 def view(flat: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
