@@ -8,7 +8,8 @@ On a local Ray cluster, two measurements of the same sync:
               (deserialisation from the shared-memory store), the replica's load
               (`RolloutActor.load_policy`) and the repacking of its prepacked linears, which the
               first forward after a sync pays;
-  end_to_end  `RunActors.sync_policy` between real actors: what `timing_s/weight_sync` reports.
+  actors      the learner's publish and the replica's load as remote calls between real actors,
+              and `RunActors.sync_policy` (both together): what `timing_s/weight_sync` reports.
 Each figure is the median over `--repeats`.
 """
 from __future__ import annotations
@@ -78,15 +79,24 @@ def stage_seconds(cfg: TrainConfig, repeats: int) -> tuple[dict[str, float], int
     return {stage: statistics.median(values) for stage, values in times.items()}, params
 
 
-def end_to_end_seconds(cfg: TrainConfig, repeats: int) -> float:
-    """Median seconds of `RunActors.sync_policy` (learner to one rollout actor) between real actors."""
+def actor_seconds(cfg: TrainConfig, repeats: int) -> dict[str, float]:
+    """Median seconds of a sync between real actors (learner to one rollout actor): `publish` (the
+    learner's `policy_weights` until its version arrives: gather, pack, store), `load` (the rollout
+    actor's `load_policy`: fetch and copy in) and `sync_policy`, the two through `RunActors`."""
     actors = RunActors.start(cfg)
+    learner, replica = actors.learners[0], actors.rollout[0]
+    times: dict[str, list[float]] = {"publish": [], "load": [], "sync_policy": []}
     try:
-        times = []
         for _ in range(repeats):
-            actors.rollout_version = None  # the replica is told it is behind, so every call ships the weights
-            times.append(seconds(actors.sync_policy)[0])
-        return statistics.median(times)
+            version, weights = learner.policy_weights.options(num_returns=2).remote()
+            publish_s, version = seconds(lambda: ray.get(version))
+            load_s, _ = seconds(lambda: ray.get(replica.load_policy.remote(version, weights)))
+            del weights
+            actors.rollout_version = None  # the replica is told it is behind, so the call ships the weights
+            sync_s, _ = seconds(actors.sync_policy)
+            for name, value in zip(times, (publish_s, load_s, sync_s)):
+                times[name].append(value)
+        return {name: statistics.median(values) for name, values in times.items()}
     finally:
         actors.shutdown()
 
@@ -104,18 +114,18 @@ def main(argv: list[str] | None = None) -> dict:
         ray.init(num_cpus=2, include_dashboard=False)
     try:
         stages, params = stage_seconds(cfg, args.repeats)
-        end_to_end = end_to_end_seconds(cfg, args.repeats)
+        between_actors = actor_seconds(cfg, args.repeats)
     finally:
         if started_ray:
             ray.shutdown()
     result = {"model": args.model, "dtype": args.dtype, "parameters": params, "repeats": args.repeats,
-              "stages_s": stages, "stages_total_s": sum(stages.values()), "end_to_end_s": end_to_end}
+              "stages_s": stages, "stages_total_s": sum(stages.values()), "actors_s": between_actors}
     print(f"weight sync of {args.model} ({params / 1e6:.1f}M parameters) to a {args.dtype} replica, "
           f"median of {args.repeats}:")
     for stage, value in stages.items():
         print(f"  {stage:<8} {value:8.3f} s")
     print(f"  {'total':<8} {result['stages_total_s']:8.3f} s   (stages one by one, in this process)")
-    print(f"  end-to-end sync_policy between actors: {end_to_end:.3f} s")
+    print("between actors: " + ", ".join(f"{name} {value:.3f} s" for name, value in between_actors.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
