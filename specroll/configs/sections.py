@@ -149,15 +149,17 @@ class ClusterSection:
     """Ray resources: how many actors of each kind and what each one reserves."""
 
     num_rollout_actors: int = 1  # rollout actors; each holds a policy replica and a shard of the prompts
-    cpus_per_rollout_actor: float = 1.0  # Ray num_cpus of each rollout actor
+    # Ray num_cpus of each rollout actor: placement only; on CPUs its torch threads follow the
+    # phase (the whole node when phases alternate, a split by reserved CPUs with overlap)
+    cpus_per_rollout_actor: float = 1.0
     gpus_per_rollout_actor: float = 0.0  # Ray num_gpus of each rollout actor; fractions share a GPU
     learner_world_size: int = 1  # learner ranks (DeepSpeed data parallel), one actor each
-    cpus_per_learner: float = 1.0  # Ray num_cpus of each learner rank
+    cpus_per_learner: float = 1.0  # Ray num_cpus of each learner rank; threads as for rollout actors
     gpus_per_learner: float = 0.0  # Ray num_gpus of each learner rank
     gpus_per_consolidation_actor: float = 0.0  # Ray num_gpus of the head-consolidation actor (slow path); fractions share a GPU
     ray_address: str | None = None  # null starts a local Ray cluster; "auto" or ray://host:port joins one
     remote_timeout_s: float = 600.0  # longest wait for any remote call before the run fails
-    overlap: bool = False  # one-step off-policy: generate step t+1 while the learner trains on step t
+    overlap: bool = False  # one-step off-policy: generate step t+1 while the learner trains on step t (CPU threads split)
 
     def __post_init__(self) -> None:
         check_int("num_rollout_actors", self.num_rollout_actors, 1)
