@@ -27,6 +27,12 @@ def test_alternating_phases_give_the_active_side_the_whole_node():
     assert phase_threads(cluster(num_rollout_actors=4, cpus_per_rollout_actor=0.5), cores=2) == PhaseThreads(1, 2)
 
 
+def test_without_phase_threads_each_actor_keeps_its_reserved_cpus():
+    reserved = cluster(phase_threads=False, num_rollout_actors=2, cpus_per_rollout_actor=2.5, cpus_per_learner=0.5)
+    assert phase_threads(reserved, cores=16) == PhaseThreads(2, 1)
+    assert phase_threads(cluster(phase_threads=False, overlap=True), cores=16) == PhaseThreads(1, 1)
+
+
 def test_overlapping_phases_split_the_node_by_reserved_cpus():
     assert phase_threads(cluster(overlap=True), cores=2) == PhaseThreads(1, 1)
     assert phase_threads(cluster(overlap=True), cores=8) == PhaseThreads(4, 4)

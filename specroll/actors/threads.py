@@ -7,7 +7,9 @@ per reserved CPU (its threads only feed the GPU); a CPU side running alongside g
 The actors of a side are taken to share one node, as on a local cluster.
 
 Ray's `num_cpus` stays what placement counts: Ray starts each actor with OMP_NUM_THREADS set
-from it, and `torch.set_num_threads` at the start of a phase overrides that.
+from it, and `torch.set_num_threads` at the start of a phase overrides that. On a machine shared
+with other busy processes threads beyond a process's share mostly wait for each other (Ray runs
+actors at a low priority), so `cluster.phase_threads=false` keeps one per reserved CPU.
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ def phase_threads(cluster: ClusterSection, cores: int) -> PhaseThreads:
     are the CPUs each side reserves in total, and each side keeps at least one core.
     """
     c = cluster
+    if not c.phase_threads:
+        return PhaseThreads(reserved_threads(c.cpus_per_rollout_actor), reserved_threads(c.cpus_per_learner))
     rollout_on_gpu, learner_on_gpu = c.gpus_per_rollout_actor > 0, c.gpus_per_learner > 0
     rollout_gpu_threads = reserved_threads(c.cpus_per_rollout_actor)
     learner_gpu_threads = reserved_threads(c.cpus_per_learner)

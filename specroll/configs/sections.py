@@ -160,6 +160,9 @@ class ClusterSection:
     ray_address: str | None = None  # null starts a local Ray cluster; "auto" or ray://host:port joins one
     remote_timeout_s: float = 600.0  # longest wait for any remote call before the run fails
     overlap: bool = False  # one-step off-policy: generate step t+1 while the learner trains on step t (CPU threads split)
+    # CPU actors run the cores their phase leaves free (see specroll/actors/threads.py); false: one
+    # thread per reserved CPU, far faster on a machine shared with other busy processes
+    phase_threads: bool = True
 
     def __post_init__(self) -> None:
         check_int("num_rollout_actors", self.num_rollout_actors, 1)
