@@ -160,3 +160,75 @@ def test_bad_batches_raise_clear_errors():
     with pytest.raises(ValueError, match="no reference model"):
         learner.compute_logprobs(random_samples(n=2), use_reference=True)
     assert learner.policy_state_dict()[0] == 0
+
+
+class ForwardCounter:
+    """Counts the policy's forwards with and without autograd (a hook on the real module)."""
+
+    def __init__(self, learner: GRPOLearner) -> None:
+        self.with_grad = self.without_grad = 0
+        learner.module.register_forward_hook(self.count)
+
+    def count(self, module, inputs, output) -> None:
+        if torch.is_grad_enabled():
+            self.with_grad += 1
+        else:
+            self.without_grad += 1
+
+
+TRAIN_METRICS = ("train/loss", "train/pg_loss", "train/grad_norm", "train/approx_kl", "train/entropy",
+                 "train/clip_frac_low", "train/clip_frac_high", "train/optimizer_steps")
+
+
+@pytest.mark.parametrize("zero_stage, budget", [(0, 10_000), (0, SMALL_BUDGET), (2, SMALL_BUDGET)])
+def test_one_epoch_of_one_mini_batch_takes_old_logprobs_from_the_update_forward(zero_stage, budget):
+    settings = dict(lr=1e-2, adam_eps=1e-8, micro_batch_tokens=budget)
+    samples = random_samples(n=6, seed=11)
+    num_micro = len(micro_batch_indices(samples.sequence_lengths(), list(range(len(samples))), budget))
+    # Two-pass: the old log-probs scored first, as before.
+    two_pass = learner_for(zero_stage, **settings)
+    samples.old_logprobs = two_pass.compute_logprobs(samples)
+    expected = [two_pass.update(samples)]
+    samples.old_logprobs = two_pass.compute_logprobs(samples)
+    expected.append(two_pass.update(samples))
+
+    one_pass = learner_for(zero_stage, **settings)
+    assert one_pass.old_logprobs_from_update(len(samples))
+    forwards = ForwardCounter(one_pass)
+    samples.old_logprobs = None
+    got = [one_pass.update(samples), one_pass.update(samples)]
+
+    assert (forwards.with_grad, forwards.without_grad) == (2 * num_micro, 0)
+    for want, have in zip(expected, got):
+        assert have["train/approx_kl"] == 0.0 and have["train/clip_frac_high"] == 0.0
+        for key in TRAIN_METRICS:
+            assert have[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+    moved = two_pass.policy_state_dict()[1]
+    for name, weight in one_pass.policy_state_dict()[1].items():
+        torch.testing.assert_close(weight, moved[name], rtol=1e-6, atol=1e-9)
+    assert not torch.equal(moved["lm_head.weight"], build_tiny_model().state_dict()["lm_head.weight"])
+
+
+@pytest.mark.parametrize("overrides", [{"ppo_epochs": 2}, {"mini_batch_size": 3}])
+def test_several_epochs_or_mini_batches_score_old_logprobs_in_a_separate_pass(overrides):
+    settings = dict(lr=1e-2, adam_eps=1e-8, micro_batch_tokens=10_000, **overrides)
+    samples = random_samples(n=6, seed=11)
+    learner = learner_for(0, **settings)
+    assert not learner.old_logprobs_from_update(len(samples))
+    forwards = ForwardCounter(learner)
+    metrics = learner.update(samples)
+    steps = int(metrics["train/optimizer_steps"])
+    assert (forwards.with_grad, forwards.without_grad) == (steps, 1)
+    # Later steps see a moved policy, so their ratios leave 1: the old log-probs were kept fixed.
+    assert metrics["train/approx_kl"] > 0
+
+    reference = learner_for(0, **settings)
+    samples.old_logprobs = reference.compute_logprobs(samples)
+    want = reference.update(samples)
+    for key in TRAIN_METRICS:
+        assert metrics[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), key
+
+
+def test_a_mini_batch_as_large_as_the_batch_is_one_mini_batch():
+    learner = learner_for(0, mini_batch_size=6)
+    assert learner.old_logprobs_from_update(6) and not learner.old_logprobs_from_update(7)

@@ -51,17 +51,21 @@ class LearnerActor:
         return self.learner.version
 
     def train(self, rollouts: Rollouts) -> dict:
-        """GRPO on this rank's shard: log-probs under the sampling-time policy, then the update.
+        """GRPO on this rank's shard: log-probs under the current policy, then the update.
 
-        Returns train/* metrics (reduced over ranks) and the seconds of each phase.
+        The old log-probs are the learner's own, not the rollout engine's sampling log-probs
+        (another replica and dtype, prepacked kernels): the ratio must compare like with like.
+        With one epoch of one mini-batch the update takes them from its own forward, and the
+        separate pass (0 s) is skipped. Returns train/* metrics (reduced over ranks) and the
+        seconds of each phase.
         """
         use_threads(self.threads)
         learner = self.learner
         samples = learner.build_samples(rollouts.prompt_ids_per_response(), rollouts.response_ids, rollouts.rewards,
                                         rollouts.group_size, truncated=rollouts.truncated())
         started = time.perf_counter()
-        # The learner's own log-probs, not the engine's: the ratio must compare like with like.
-        samples.old_logprobs = learner.compute_logprobs(samples)
+        if not learner.old_logprobs_from_update(len(samples)):
+            samples.old_logprobs = learner.compute_logprobs(samples)
         scored = time.perf_counter()
         metrics = learner.update(samples)
         done = time.perf_counter()

@@ -228,14 +228,30 @@ class GRPOLearner:
                 out[index] = logprobs.logprobs[row, :length].cpu()
         return out
 
+    def old_logprobs_from_update(self, num_samples: int) -> bool:
+        """Whether `update` takes missing old log-probs from its own forward instead of a separate pass.
+
+        With one epoch of one mini-batch that forward runs under the policy that `compute_logprobs`
+        would score with, so its detached log-probs are the old ones: the ratio is exactly 1 and the
+        loss and step are those of the two-pass update, for one forward less.
+        """
+        one_mini_batch = self.cfg.mini_batch_size is None or self.cfg.mini_batch_size >= num_samples
+        return self.cfg.ppo_epochs == 1 and one_mini_batch
+
     def update(self, samples: GRPOSamples) -> dict[str, float]:
-        """`ppo_epochs` passes of shuffled mini-batches, one optimizer step each; train/* metrics."""
+        """`ppo_epochs` passes of shuffled mini-batches, one optimizer step each; train/* metrics.
+
+        Without `samples.old_logprobs` the old log-probs are the current policy's: from the
+        update's own forward where `old_logprobs_from_update`, else from `compute_logprobs` first.
+        """
         self.check_samples(samples)
         if world_size() > 1:
             most, fewest = all_reduce([len(samples), -len(samples)], dist.ReduceOp.MAX)
             if most != -fewest:
                 raise ValueError(f"every rank must pass the same number of samples, got {-fewest:.0f} to {most:.0f}")
-        old = samples.old_logprobs if samples.old_logprobs is not None else self.compute_logprobs(samples)
+        old = samples.old_logprobs
+        if old is None and not self.old_logprobs_from_update(len(samples)):
+            old = self.compute_logprobs(samples)
         ref = self.compute_logprobs(samples, use_reference=True) if self.reference is not None else None
         sums = MetricSums()
         start_version = self.version
@@ -264,9 +280,11 @@ class GRPOLearner:
             out = sequence_logprobs(
                 self.engine, mb.input_ids, mb.prompt_lens, mb.response_lens, self.cfg.temperature, with_entropy=True
             )
+            # No old log-probs here means this forward is the sampling policy's (`old_logprobs_from_update`).
+            old = out.logprobs.detach() if mb.old_logprobs is None else mb.old_logprobs
             loss, metrics = policy_loss(
                 out.logprobs,
-                mb.old_logprobs,
+                old,
                 mb.advantages,
                 out.mask,
                 loss_cfg,

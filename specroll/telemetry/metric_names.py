@@ -61,7 +61,8 @@ STEP_TIME_S = metric("perf/step_time_s", "wall-clock seconds of the whole traini
 # timing_s/*: seconds spent in each phase of the step, as the driver sees them.
 TIME_GEN = metric("timing_s/gen", "generating responses")
 TIME_REWARD = metric("timing_s/reward", "scoring responses")
-TIME_OLD_LOGPROB = metric("timing_s/old_logprob", "log-probs of the responses under the sampling policy")
+TIME_OLD_LOGPROB = metric("timing_s/old_logprob", "separate pass scoring the responses under the policy before the "
+                          "update (0 with one epoch of one mini-batch: the update's forward gives them)")
 TIME_UPDATE = metric("timing_s/update", "the learner's update (all epochs and mini-batches)")
 TIME_WEIGHT_SYNC = metric("timing_s/weight_sync", "sending new policy weights to the rollout actors")
 TIME_HEAD_SYNC = metric("timing_s/head_sync", "sending new draft-head weights to the rollout actors")
