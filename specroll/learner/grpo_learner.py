@@ -27,6 +27,7 @@ from specroll.models import CausalLM, resolve_device
 from .batching import GRPOSamples, MicroBatch, loss_normalizer, micro_batch_indices, mini_batch_indices, pad_samples
 from .config import LearnerConfig
 from .logprobs import sequence_logprobs
+from .phases import phase
 
 
 def free_port() -> int:
@@ -282,23 +283,26 @@ class GRPOLearner:
             )
             # No old log-probs here means this forward is the sampling policy's (`old_logprobs_from_update`).
             old = out.logprobs.detach() if mb.old_logprobs is None else mb.old_logprobs
-            loss, metrics = policy_loss(
-                out.logprobs,
-                old,
-                mb.advantages,
-                out.mask,
-                loss_cfg,
-                logp_ref=mb.ref_logprobs,
-                truncated=mb.truncated,
-                normalizer=normalizer,
-            )
-            self.engine.backward(loss * (weight * world_size()), scale_wrt_gas=False)
+            with phase("loss"):
+                loss, metrics = policy_loss(
+                    out.logprobs,
+                    old,
+                    mb.advantages,
+                    out.mask,
+                    loss_cfg,
+                    logp_ref=mb.ref_logprobs,
+                    truncated=mb.truncated,
+                    normalizer=normalizer,
+                )
+            with phase("backward"):
+                self.engine.backward(loss * (weight * world_size()), scale_wrt_gas=False)
             if weight:
                 tokens = int(valid_token_mask(out.mask, mb.truncated, loss_cfg.mask_truncated).sum())
                 sums.add_micro_batch(metrics, out.entropy, tokens)
-        grad_norm = self.unreported_grad_norm()
-        sums.add("lr", self.engine.get_lr()[0])
-        self.engine.step()
+        with phase("optimizer_step"):
+            grad_norm = self.unreported_grad_norm()
+            sums.add("lr", self.engine.get_lr()[0])
+            self.engine.step()
         if grad_norm is None:
             grad_norm = self.engine.get_global_grad_norm()
         sums.add("grad_norm", float(grad_norm))

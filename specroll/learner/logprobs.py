@@ -7,6 +7,8 @@ import torch
 
 from specroll.grpo import entropy_from_logits
 
+from .phases import phase
+
 
 class ResponseLogprobs(NamedTuple):
     logprobs: torch.Tensor  # [B, R] float32, log p(response token r | everything before it)
@@ -45,14 +47,17 @@ def sequence_logprobs(
     # Position t predicts token t + 1; padding columns read the last position (masked anyway).
     predicts_at = (prompt_lens[:, None] - 1 + offsets[None]).clamp(max=input_ids.shape[1] - 1)
     targets = input_ids.gather(1, (predicts_at + 1).clamp(max=input_ids.shape[1] - 1))
-    logits = model(input_ids, logits_at=predicts_at).logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    token_logits = logits.gather(-1, targets[..., None]).squeeze(-1)
-    logprobs = token_logits - torch.logsumexp(logits, dim=-1)
-    logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach(), mask)
+    with phase("forward"):
+        logits = model(input_ids, logits_at=predicts_at).logits
+    with phase("logprobs"):
+        logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        token_logits = logits.gather(-1, targets[..., None]).squeeze(-1)
+        logprobs = token_logits - torch.logsumexp(logits, dim=-1)
+        logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach(), mask)
     return ResponseLogprobs(logprobs, mask, entropy)
