@@ -5,6 +5,7 @@ import torch
 
 from specroll.grpo import entropy_from_logits
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
+from specroll.learner.logprobs import TokenLogprobs
 from specroll.models import build_tiny_model
 
 
@@ -53,3 +54,29 @@ def test_rejects_rows_without_a_prompt_token():
     model = build_tiny_model()
     with pytest.raises(ValueError, match="at least one prompt token"):
         sequence_logprobs(model, torch.zeros(1, 3, dtype=torch.long), torch.tensor([0]), torch.tensor([3]))
+
+
+@pytest.mark.parametrize("temperature, with_entropy", [(1.0, False), (1.0, True), (0.7, True)])
+def test_token_logprobs_match_autograd_through_log_softmax(temperature, with_entropy):
+    gen = torch.Generator().manual_seed(3)
+    logits = (3 * torch.randn(2, 5, 11, generator=gen)).requires_grad_()
+    logits.data[1, 2, 4] = float("-inf")  # a banned token: probability 0, no NaN
+    targets = torch.randint(0, 11, (2, 5), generator=gen)
+    targets[1, 2] = 7
+    weights = torch.randn(2, 5, generator=gen)
+
+    logprobs, entropy = TokenLogprobs.apply(logits, targets, temperature, with_entropy)
+    (logprobs * weights).sum().backward()
+
+    reference = logits.detach().double().requires_grad_()
+    logp_all = torch.log_softmax(reference / temperature, dim=-1)
+    expected = logp_all.gather(-1, targets[..., None]).squeeze(-1)
+    (expected * weights.double()).sum().backward()
+    torch.testing.assert_close(logprobs.double(), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits.grad.double(), reference.grad, atol=1e-5, rtol=1e-5)
+    assert logits.grad[1, 2, 4] == 0
+    if with_entropy:
+        probs = logp_all.exp()
+        want = -(probs * torch.where(probs > 0, logp_all, torch.zeros_like(logp_all))).sum(-1)
+        torch.testing.assert_close(entropy.double(), want, atol=1e-5, rtol=0)
+        assert not entropy.requires_grad

@@ -5,7 +5,7 @@ from typing import NamedTuple
 
 import torch
 
-from specroll.grpo import entropy_from_logits
+from specroll.grpo import aggregate
 
 from .phases import phase
 
@@ -14,6 +14,46 @@ class ResponseLogprobs(NamedTuple):
     logprobs: torch.Tensor  # [B, R] float32, log p(response token r | everything before it)
     mask: torch.Tensor  # [B, R] bool, real response tokens (R = longest response)
     entropy: torch.Tensor | None  # 0-dim mean entropy over the masked positions, if asked
+
+
+class TokenLogprobs(torch.autograd.Function):
+    """`log_softmax(logits / temperature)` at `targets`, and optionally the entropy, from [..., V] float32 logits.
+
+    Autograd through logsumexp and gather keeps an exp(z - lse) buffer, a scattered one-hot and
+    their sum, each as large as the logits; here the forward needs one such buffer (for the
+    entropy) or none beyond logsumexp's, and the backward builds the softmax in the buffer that
+    becomes the gradient. The entropy is a detached metric.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature: float, with_entropy: bool):
+        z = logits if temperature == 1.0 else logits / temperature
+        if with_entropy:
+            top = z.amax(dim=-1, keepdim=True)
+            probs = torch.sub(z, top).exp_()
+            total = probs.sum(dim=-1, keepdim=True)
+            lse = (top + total.log()).squeeze(-1)
+            # entr(p) = -p log p, 0 where p = 0 (a -inf logit), so no 0 * -inf.
+            entropy = torch.special.entr(probs.div_(total), out=probs).sum(dim=-1)
+            del probs
+        else:
+            lse = torch.logsumexp(z, dim=-1)
+            entropy = None
+        ctx.temperature = temperature
+        ctx.save_for_backward(logits, targets, lse)
+        logprobs = z.gather(-1, targets[..., None]).squeeze(-1) - lse
+        entropy = torch.empty(0, device=logits.device) if entropy is None else entropy
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, _grad_entropy):
+        logits, targets, lse = ctx.saved_tensors
+        scale = grad_logprobs[..., None] / ctx.temperature
+        # d logp / dz = onehot(target) - softmax(z), z = logits / temperature.
+        grad = (logits if ctx.temperature == 1.0 else logits / ctx.temperature).sub(lse[..., None]).exp_()
+        grad.mul_(-scale).scatter_add_(-1, targets[..., None], scale)
+        return grad, None, None, None
 
 
 def sequence_logprobs(
@@ -32,7 +72,7 @@ def sequence_logprobs(
 
     Only the R = max(response_lens) positions that predict a response token go through the
     LM head, and the [B, R, V] logits are reduced in float32 (bf16 loses small
-    probabilities): log p = z_token - logsumexp(z). `model` is a `CausalLM` or a DeepSpeed
+    probabilities) by `TokenLogprobs`: log p = z_token - logsumexp(z). `model` is a `CausalLM` or a DeepSpeed
     engine wrapping one. Entries beyond a row's response are 0 and masked.
     """
     if input_ids.dim() != 2:
@@ -50,14 +90,7 @@ def sequence_logprobs(
     with phase("forward"):
         logits = model(input_ids, logits_at=predicts_at).logits
     with phase("logprobs"):
-        logits = logits.float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        token_logits = logits.gather(-1, targets[..., None]).squeeze(-1)
-        logprobs = token_logits - torch.logsumexp(logits, dim=-1)
+        logprobs, entropy = TokenLogprobs.apply(logits.float(), targets, temperature, with_entropy)
         logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach(), mask)
+        entropy = aggregate(entropy, mask, "token-mean") if with_entropy else None
     return ResponseLogprobs(logprobs, mask, entropy)
