@@ -68,5 +68,6 @@ def test_deepspeed_config(dtype):
     assert ds["gradient_clipping"] == 0.5
     assert ds["optimizer"] == {
         "type": "AdamW",
-        "params": {"lr": 2e-5, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "torch_adam": True},
+        "params": {"lr": 2e-5, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "torch_adam": True,
+                   "fused": True},
     }
