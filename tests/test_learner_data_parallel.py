@@ -2,10 +2,10 @@
 whole batch, although their shards split into different numbers of micro-batches."""
 
 import os
-import socket
 
 import pytest
 import torch
+import torch.distributed
 import torch.multiprocessing as mp
 
 from specroll.grpo import PolicyLossConfig, policy_loss
@@ -32,9 +32,12 @@ def shard_samples() -> list[GRPOSamples]:
     return [make(1, [1, 2, 1]), make(3, [7, 5, 8])]
 
 
-def run_rank(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def run_rank(rank: int, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
+    # A rendezvous file, not a port: a free port picked by the parent can be taken by another
+    # process before rank 0, seconds of imports later, listens on it.
+    torch.distributed.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=2)
     from specroll.learner import GRPOLearner, LearnerConfig, latest_checkpoint, load_checkpoint, save_checkpoint
 
     for zero_stage in ZERO_STAGES:
@@ -51,19 +54,13 @@ def run_rank(rank: int, port: int, out_dir: str) -> None:
         torch.save(result, os.path.join(out_dir, f"stage{zero_stage}_rank{rank}.pt"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_ranks_match_one_process_on_the_whole_batch(tmp_path):
     shards = shard_samples()
     counts = [len(micro_batch_indices(s.sequence_lengths(), list(range(len(s))), BUDGET)) for s in shards]
     assert counts[0] == 1 and counts[1] >= 3
 
     # One spawn for both stages: starting the processes costs more than the steps.
-    mp.start_processes(run_rank, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(run_rank, args=(str(tmp_path),), nprocs=2, start_method="spawn")
 
     # Oracle: plain autograd over both shards as one batch, then AdamW's first step by hand.
     whole = GRPOSamples(

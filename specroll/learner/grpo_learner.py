@@ -39,8 +39,8 @@ def free_port() -> int:
 def ensure_distributed(device: torch.device) -> None:
     """Join (or create) the process-wide process group: gloo on CPU, NCCL on CUDA.
 
-    A plain `python` process gets single-rank defaults; launchers (Ray actors, torchrun)
-    set RANK / WORLD_SIZE / MASTER_* themselves.
+    A plain `python` process gets one rank on an in-memory store; launchers (Ray actors,
+    torchrun) set RANK / WORLD_SIZE / MASTER_* themselves.
     """
     os.environ.setdefault("DS_ACCELERATOR", device.type)
     import deepspeed
@@ -52,12 +52,19 @@ def ensure_distributed(device: torch.device) -> None:
             f"learner device is {device.type!r} but DeepSpeed's accelerator is {accelerator!r}; "
             f"set DS_ACCELERATOR={device.type} before deepspeed is first imported"
         )
+    if device.type == "cpu" and "LOCAL_SIZE" not in os.environ:
+        # DeepSpeed's shared-memory all-reduce serves only inference under its own launcher (LOCAL_SIZE), yet it
+        # is compiled on first use: minutes, in a build directory that each Python environment rebuilds in turn.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if dist.is_initialized():
         return
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else "nccl", verbose=False)
+    backend = "gloo" if device.type == "cpu" else "nccl"
+    if os.environ["WORLD_SIZE"] == "1":
+        # One rank needs no rendezvous, so no port is picked that another process could take first.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
 
 
 def lr_multiplier(step: int, cfg: LearnerConfig) -> float:
