@@ -53,3 +53,4 @@ def test_tiny_run_writes_the_floor_fraction_and_the_breakdown(tmp_path):
         assert sum(parts.values()) >= breakdown["seconds"] * 0.999
     assert breakdown["phases"]["forward"] > 0 and breakdown["phases"]["backward"] > 0
     assert breakdown["ops"]["gemm_body"] > 0
+    assert 0 < len(breakdown["top_ops"]) <= 12 and "aten::mm" in breakdown["top_ops"]

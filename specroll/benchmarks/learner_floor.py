@@ -38,6 +38,7 @@ from ..train import conf_dir
 
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkldnn_linear"}
 ATTENTION_MARK = "scaled_dot_product"
+TOP_OPS = 12  # operations listed by their own time
 
 
 def parameter_count(model: torch.nn.Module) -> int:
@@ -90,15 +91,18 @@ def profiled_breakdown(learner: GRPOLearner, samples: GRPOSamples, vocab_size: i
         total = time.perf_counter() - started
     phases = dict.fromkeys(PHASES, 0.0)
     ops = dict.fromkeys(("gemm_body", "gemm_lm_head", "attention", "vocab_elementwise", "other_ops"), 0.0)
+    by_name: dict[str, float] = {}
     for event in prof.key_averages(group_by_input_shape=True):
         if event.key.startswith(PREFIX):
             phases[event.key[len(PREFIX):]] += event.cpu_time_total / 1e6
         else:
             ops[op_category(event.key, event.input_shapes, vocab_size)] += event.self_cpu_time_total / 1e6
+            by_name[event.key] = by_name.get(event.key, 0.0) + event.self_cpu_time_total / 1e6
     # Ranges nest only in time: "logprobs" holds no forward, "backward" holds the whole backward.
     phases["outside_phases"] = max(0.0, total - sum(phases.values()))
     ops["outside_ops"] = max(0.0, total - sum(ops.values()))
-    return {"seconds": total, "phases": phases, "ops": ops}
+    top = dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:TOP_OPS])
+    return {"seconds": total, "phases": phases, "ops": ops, "top_ops": top}
 
 
 def load_setup(args, overrides: list[str]):
@@ -188,7 +192,8 @@ def report(summary: dict, breakdown: dict) -> None:
     print(f"fraction of the floor: {s['fraction_of_floor']:.1%}")
     total = breakdown["seconds"]
     print(f"\nwhere a profiled update's {total:.2f} s go")
-    for title, parts in (("by phase", breakdown["phases"]), ("by operation", breakdown["ops"])):
+    for title, parts in (("by phase", breakdown["phases"]), ("by operation", breakdown["ops"]),
+                         ("largest operations", breakdown["top_ops"])):
         print(f"  {title}: " + ", ".join(f"{name} {sec / total:.0%}" for name, sec in parts.items()))
 
 
