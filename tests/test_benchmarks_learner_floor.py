@@ -54,3 +54,4 @@ def test_tiny_run_writes_the_floor_fraction_and_the_breakdown(tmp_path):
     assert breakdown["phases"]["forward"] > 0 and breakdown["phases"]["backward"] > 0
     assert breakdown["ops"]["gemm_body"] > 0
     assert 0 < len(breakdown["top_ops"]) <= 12 and "aten::mm" in breakdown["top_ops"]
+    assert summary["old_logprobs_from_update"] and summary["old_logprob_pass_seconds"] > 0

@@ -12,7 +12,9 @@ median over steps of floor seconds / step seconds. A last, profiled step (torch.
 the step by phase (the `specroll.learner.phases` ranges) and by kind of operation: matmuls of
 the transformer body, matmuls of the LM head (operations on a vocabulary-wide dimension),
 vocabulary-wide non-matmul work (log-softmax, entropy and their backward), attention, other
-operations, and what runs outside any operation (Python, DeepSpeed bookkeeping).
+operations, and what runs outside any operation (Python, DeepSpeed bookkeeping), and lists the
+operations that take the most time. Last, one `compute_logprobs` pass is timed: what a separate
+old-log-prob pass costs where several epochs or mini-batches need one.
 
     python -m specroll.benchmarks.learner_floor [--model tiny] [--json out.json] [hydra overrides ...]
 
@@ -161,6 +163,10 @@ def main(argv: list[str] | None = None) -> dict:
                       "fraction_of_floor": floor_flops / best / seconds,
                       "padding_frac": metrics["train/padding_frac"]})
     breakdown = profiled_breakdown(learner, samples, vocab_size)
+    # What a separate old-log-prob pass would add; with one epoch of one mini-batch the update skips it.
+    started = time.perf_counter()
+    learner.compute_logprobs(samples)
+    old_logprob_pass = time.perf_counter() - started
 
     seconds = statistics.median(s["seconds"] for s in steps)
     best_gemm = statistics.median(max(s["gemm_flops"].values()) for s in steps)
@@ -172,6 +178,8 @@ def main(argv: list[str] | None = None) -> dict:
         "floor_tokens_per_s": best_gemm / (6 * params),
         "fraction_of_floor": statistics.median(s["fraction_of_floor"] for s in steps),
         "padding_frac": steps[-1]["padding_frac"],
+        "old_logprob_pass_seconds": old_logprob_pass,
+        "old_logprobs_from_update": learner.old_logprobs_from_update(len(samples)),
     }
     report(summary, breakdown)
     if args.json:
@@ -190,6 +198,8 @@ def report(summary: dict, breakdown: dict) -> None:
     print(f"floor:   {s['floor_tokens_per_s']:.1f} tokens/s (6 x parameters x tokens at {s['gemm_flops'] / 1e9:.1f} "
           f"GFLOP/s, the best square fp32 matmul)")
     print(f"fraction of the floor: {s['fraction_of_floor']:.1%}")
+    skipped = "skipped: the update's forward gives them" if s["old_logprobs_from_update"] else "run before each update"
+    print(f"separate old-log-prob pass: {s['old_logprob_pass_seconds']:.2f} s ({skipped})")
     total = breakdown["seconds"]
     print(f"\nwhere a profiled update's {total:.2f} s go")
     for title, parts in (("by phase", breakdown["phases"]), ("by operation", breakdown["ops"]),
