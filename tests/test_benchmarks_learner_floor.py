@@ -44,6 +44,9 @@ def test_tiny_run_writes_the_floor_fraction_and_the_breakdown(tmp_path):
     step = written["steps"][0]
     assert set(step["gemm_flops"]) == {"32", "64"}
     assert summary["fraction_of_floor"] == pytest.approx(step["floor_seconds"] / step["seconds"])
+    best_cpu_rate = max(cpu for _, cpu in step["gemm_flops"].values())
+    floor_flops = 6 * summary["parameters"] * tokens
+    assert summary["fraction_of_floor_cpu"] == pytest.approx(floor_flops / best_cpu_rate / step["cpu_seconds"])
     breakdown = written["breakdown"]
     assert set(breakdown["phases"]) == set(PHASES) | {"outside_phases"}
     assert set(breakdown["ops"]) == {"gemm_body", "gemm_lm_head", "attention", "vocab_elementwise", "other_ops",
