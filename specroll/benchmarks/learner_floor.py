@@ -20,8 +20,9 @@ old-log-prob pass costs where several epochs or mini-batches need one.
     python -m specroll.benchmarks.learner_floor [--model tiny] [--json out.json] [hydra overrides ...]
 
 The learner settings are the `--preset` experiment's (the quickstart's by default), and so are
-the threads (`cluster.cpus_per_learner`, as the learner actor sets them; `--threads` overrides);
-extra arguments are Hydra overrides, e.g. `learner.micro_batch_tokens=4096`.
+the threads (`cluster.cpus_per_learner`, as the learner actor sets them; `--threads` overrides)
+and the batch (a step's responses, at most `rollout.max_new_tokens` long); extra arguments are
+Hydra overrides, e.g. `learner.micro_batch_tokens=4096`.
 """
 from __future__ import annotations
 
@@ -118,19 +119,20 @@ def profiled_breakdown(learner: GRPOLearner, samples: GRPOSamples, vocab_size: i
 
 def load_setup(args, overrides: list[str]):
     """(model, learner config, the learner actor's CPU threads) as the preset and overrides configure
-    them, on the CPU in float32."""
+    them, on the CPU in float32; `--sequences` and `--response-len` default to one step's rollouts."""
     # The tiny model takes SmolLM2's vocabulary: its own (64) equals other widths, and the
     # operations on the vocabulary are told apart by their size.
     model = ["model.name=tiny-llama", "model.tokenizer=smollm2-135m-instruct"] if args.model == "tiny" else [
         f"model.name={args.model}"]
-    settings = [f"experiment={args.preset}", *model,
-                "model.device=cpu", "learner.device=cpu", f"rollout.max_new_tokens={args.response_len}",
-                f"learner.max_response_len={args.response_len}",
-                f"learner.max_seq_len={max(1024, args.prompt_len + args.response_len + 1)}"]
+    settings = [f"experiment={args.preset}", *model, "model.device=cpu", "learner.device=cpu"]
     with initialize_config_dir(config_dir=conf_dir(), version_base=None):
         cfg = load_train_config(compose("config", overrides=settings + overrides))
+    args.sequences = args.sequences or cfg.data.prompts_per_step * cfg.rollout.n
+    args.response_len = args.response_len or cfg.rollout.max_new_tokens
+    learner = replace(cfg.learner, max_response_len=max(cfg.learner.max_response_len, args.response_len),
+                      max_seq_len=max(cfg.learner.max_seq_len, args.prompt_len + args.response_len + 1))
     model, _ = replace(cfg.model, dtype="float32").load(seed=cfg.seed)
-    return model, cfg.learner, max(1, int(cfg.cluster.cpus_per_learner))
+    return model, learner, max(1, int(cfg.cluster.cpus_per_learner))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -138,9 +140,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--model", default="smollm2-135m-instruct",
                     help="policy as model.name takes it, or 'tiny' (2 random layers, SmolLM2's vocabulary)")
     ap.add_argument("--preset", default="quickstart", help="experiment preset whose learner settings are used")
-    ap.add_argument("--sequences", type=int, default=16, help="responses per update (the quickstart's 4 x 4)")
+    ap.add_argument("--sequences", type=int, default=None,
+                    help="responses per update; default: a step's (data.prompts_per_step x rollout.n)")
     ap.add_argument("--prompt-len", type=int, default=128, help="longest prompt, tokens")
-    ap.add_argument("--response-len", type=int, default=48, help="longest response, tokens")
+    ap.add_argument("--response-len", type=int, default=None,
+                    help="longest response, tokens; default: rollout.max_new_tokens")
     ap.add_argument("--steps", type=int, default=3, help="timed update steps (after one warm-up step)")
     ap.add_argument("--gemm-sizes", type=int, nargs="+", default=[512, 1024, 2048],
                     help="square matmul sizes; the fastest sets the floor")
