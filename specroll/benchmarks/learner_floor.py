@@ -20,7 +20,7 @@ old-log-prob pass costs where several epochs or mini-batches need one.
     python -m specroll.benchmarks.learner_floor [--model tiny] [--json out.json] [hydra overrides ...]
 
 The learner settings are the `--preset` experiment's (the quickstart's by default), and so are
-the threads (`cluster.cpus_per_learner`, as the learner actor sets them; `--threads` overrides)
+the threads (those the learner actor trains with, `specroll.actors.threads`; `--threads` overrides)
 and the batch (a step's responses, at most `rollout.max_new_tokens` long); extra arguments are
 Hydra overrides, e.g. `learner.micro_batch_tokens=4096`.
 """
@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from ..actors.threads import node_cores, phase_threads
 from ..configs import load_train_config
 from ..learner import GRPOLearner, GRPOSamples
 from ..learner.phases import PHASES, PREFIX
@@ -132,7 +133,7 @@ def load_setup(args, overrides: list[str]):
     learner = replace(cfg.learner, max_response_len=max(cfg.learner.max_response_len, args.response_len),
                       max_seq_len=max(cfg.learner.max_seq_len, args.prompt_len + args.response_len + 1))
     model, _ = replace(cfg.model, dtype="float32").load(seed=cfg.seed)
-    return model, learner, max(1, int(cfg.cluster.cpus_per_learner))
+    return model, learner, phase_threads(cfg.cluster, node_cores()).learner
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="square matmul sizes; the fastest sets the floor")
     ap.add_argument("--gemm-seconds", type=float, default=0.3, help="seconds per matmul size and burst")
     ap.add_argument("--threads", type=int, default=None,
-                    help="torch intra-op threads; default: the learner actor's (cluster.cpus_per_learner)")
+                    help="torch intra-op threads; default: the learner actor's while it trains")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args, overrides = ap.parse_known_args(argv)
