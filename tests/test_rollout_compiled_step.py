@@ -123,3 +123,13 @@ def test_compiled_step_generates_what_the_eager_step_does(model):
         assert b.stats["compiles"] >= 1 and b.stats["compile_s"] > 0
     assert compiled.generate(PROMPTS, params).stats["compiles"] == 0, "a repeated call recompiles"
 
+
+def test_compiled_verify_forward_generates_what_the_eager_one_does(model):
+    """The speculative engine with compiled steps (tree verify forwards padded to node-count
+    buckets, and the plain step): greedy outputs identical to eager."""
+    spec = SpecConfig(heads_path=None, budget="fixed", fixed_nodes=6, max_nodes=8)
+    params = SamplingParams(temperature=0.0, max_new_tokens=20, n=2)
+    eager = RolloutEngine(model, spec=spec).generate(PROMPTS, params)
+    compiled = RolloutEngine(model, spec=spec, compile=True).generate(PROMPTS, params)
+    assert compiled.token_ids == eager.token_ids and compiled.finish_reasons == eager.finish_reasons
+    assert compiled.stats["verify_steps"] == eager.stats["verify_steps"]

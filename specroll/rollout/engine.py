@@ -158,7 +158,7 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.show_progress = show_progress
         self.sync_every = sync_every
-        self.decoder = PlainDecoder(model, compile) if spec is None else spec.build_decoder(model)
+        self.decoder = PlainDecoder(model, compile) if spec is None else spec.build_decoder(model, compile)
         self.device = next(model.parameters()).device
         self.cache: KVCache | None = None  # reused across calls: allocation is costly, CUDA graphs want fixed addresses
 
