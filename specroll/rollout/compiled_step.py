@@ -1,23 +1,16 @@
 """A step function run compiled (torch.compile on every device, CUDA graphs on GPUs) or eager.
 
 The functions wrapped here take fixed shapes (batch and attended span bucketed by the
-caller) and never read a tensor on the host, so one compiled graph serves every step of a
-shape, and on a GPU a whole step replays as one CUDA graph (as in gpt-fast). Compiled
-kernels are cached on disk across runs (`COMPILE_CACHE`).
+caller) and never read a tensor on the host, so one compiled graph (dynamic in those sizes)
+serves every step, and on a GPU a step of each shape replays as one CUDA graph (as in
+gpt-fast). Inductor
+caches compiled kernels on disk (`TORCHINDUCTOR_CACHE_DIR`), so later runs compile faster.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import torch
-
-from ..models.loading import cache_root
-
-
-def enable_compile_cache() -> None:
-    """Inductor's on-disk caches under SpecRoll's cache directory (an explicit setting wins)."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
 
 
 def graphs_compiled() -> int:
@@ -34,7 +27,6 @@ class StepFunction:
         self.compile_s = 0.0  # wall time of the calls that compiled (tracing, codegen, the first run)
         self.compiles = 0
         if compiled:
-            enable_compile_cache()
             # reduce-overhead captures CUDA graphs (one per shape); on a CPU there are none to
             # capture. Dynamic sizes: one graph serves every batch bucket and attended span.
             self.fn = torch.compile(fn, mode="reduce-overhead" if self.on_cuda else "default", fullgraph=True,
