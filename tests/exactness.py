@@ -94,7 +94,7 @@ def teacher_forced_logits(hf, prompt: list[int], responses: list[list[int]]) -> 
 
 
 class DecisionRecorder:
-    """Wraps a speculative engine's decoder `step` and acceptance rule to record every verify decision.
+    """Wraps a speculative engine's decoder `step`, acceptance rule and plain pass to record every decision.
 
     `rule` is the acceptance rule to run (the real `verify_tree`, or a test-only mutant).
     """
@@ -104,13 +104,22 @@ class DecisionRecorder:
         decoder = engine.decoder
         self.prompt_lens = torch.tensor(prompt_lens, device="cpu").repeat_interleave(n)
         self.steps: list[tuple] = []
-        self._step, self._rows = decoder.step, None
-        decoder.step, decoder.verify = self.step, self.verify
+        self._step, self._plain_pass, self._rows = decoder.step, decoder.plain_pass, None
+        decoder.step, decoder.verify, decoder.plain_pass = self.step, self.verify, self.plain_pass
 
     def step(self, state):
         rows = state.row_ids.cpu()
         self._rows = (rows, state.history.lengths.cpu() - self.prompt_lens[rows])
         return self._step(state)
+
+    def plain_pass(self, state):
+        """A step without a tree (the plain decode step): one root decision per row, nothing drafted."""
+        verdict = self._plain_pass(state)
+        rows, emitted_before = self._rows
+        none = torch.zeros(len(rows), 0, dtype=torch.long)
+        self.steps.append((rows, emitted_before, none, none, none.bool(), verdict.path.cpu(), verdict.counts.cpu(),
+                           verdict.tokens.cpu()))
+        return verdict
 
     def verify(self, logprobs, tree, uniforms, greedy, max_depth):
         verdict = self.rule(logprobs, tree, uniforms, greedy, max_depth)

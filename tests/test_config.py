@@ -85,6 +85,7 @@ def test_experiments_override_groups_and_top_level_values():
         (["data.reward.format_weight=-1"], "data.reward.format_weight must be finite and >= 0"),
         (["learner.lr=abc"], "learner.lr must be a number, got 'abc'"),
         (["rollout.n=1"], "rollout.n must be >= 2"),
+        (["rollout.sync_every=0"], "rollout.sync_every must be >= 1"),
         (["rollout.temperature=0"], "rollout.temperature must be > 0"),
         (["rollout.mode=turbo"], "rollout.mode must be one of 'vanilla', 'specroll'"),
         (["model.dtype=int8"], "model.dtype must be one of"),

@@ -44,7 +44,8 @@ class RolloutActor:
         if tokenizer is None:
             raise ValueError("model.tokenizer must be set: prompts are formatted and responses scored as text")
         self.model, self.tokenizer = model, tokenizer
-        self.engine = RolloutEngine(model, tokenizer, spec=cfg.rollout.speculation)
+        self.engine = RolloutEngine(model, tokenizer, spec=cfg.rollout.speculation, compile=cfg.rollout.compile,
+                                    sync_every=cfg.rollout.sync_every)
         self.policy_version: int | None = None  # the initial weights are not a learner version yet
         self.threads = phase_threads(cfg.cluster, node_cores()).rollout  # while generating
 

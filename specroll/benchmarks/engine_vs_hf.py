@@ -6,9 +6,12 @@ warm-up, so drifting machine load hits both alike. Throughput counts generated t
 and including EOS, never padding: tokens/s = generated tokens / wall time of the call.
 
 At batch 1 a decode step cannot be faster than reading every weight once, so the measured
-step time is also compared with that floor: parameter bytes / measured memory bandwidth.
+step time is also compared with that floor: parameter bytes / measured memory bandwidth. At
+the largest batch it is compared with the matmul floor: the step's FLOPs / the best measured
+matmul throughput. Both use decode steps alone (prefill reported apart). `--compile` adds
+our engine with the compiled decode step, run alongside the eager one.
 
-    python -m specroll.benchmarks.engine_vs_hf --batch-sizes 1 8 32 --max-new-tokens 128 --json out.json
+    python -m specroll.benchmarks.engine_vs_hf --batch-sizes 1 8 32 --max-new-tokens 128 --compile --json out.json
 """
 from __future__ import annotations
 
@@ -24,20 +27,26 @@ from tqdm.auto import tqdm
 from ..data import SyntheticConfig, format_prompt, generate_synthetic, load_gsm8k
 from ..models import load_causal_lm, resolve_checkpoint, resolve_device, synchronize
 from ..rollout import RolloutEngine, SamplingParams
+from .floors import decode_step_flops, matmul_gflops, memory_bandwidth_gbs, weight_bytes_per_step
 
 MODEL = "smollm2-135m-instruct"
 DEFAULT_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k" / "test.jsonl"
 WARMUP_TOKENS = 8
 
 
+SYSTEMS = ("ours", "compiled", "hf")  # our engine eager, our engine with the compiled step, transformers
+
+
 @dataclass
 class Run:
-    system: str  # "ours" or "hf"
+    system: str  # one of SYSTEMS
     batch_size: int
     repeat: int
     tokens: int  # generated tokens up to and including EOS, summed over the batch
     wall_s: float
     steps: int  # decode steps: the longest response
+    prefill_s: float | None = None  # ours: prompt prefill and the first token, inside wall_s
+    live_rows: float | None = None  # ours: mean unfinished rows per decode step
 
     @property
     def tokens_per_s(self) -> float:
@@ -61,14 +70,14 @@ def sampling_params(max_new_tokens: int, seed: int) -> SamplingParams:
     return SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, seed=seed)
 
 
-def run_ours(engine: RolloutEngine, prompts, max_new_tokens: int, seed: int, device) -> tuple[int, float, int]:
+def run_ours(engine: RolloutEngine, prompts, max_new_tokens: int, seed: int, device) -> tuple[int, float, int, dict]:
     synchronize(device)
     started = time.perf_counter()
     out = engine.generate(prompts, sampling_params(max_new_tokens, seed))
     synchronize(device)
     wall = time.perf_counter() - started
     lengths = [len(t) for t in out.token_ids]
-    return sum(lengths), wall, max(lengths)
+    return sum(lengths), wall, max(lengths), out.stats
 
 
 def response_length(tokens: list[int], eos_ids: set[int]) -> int:
@@ -102,36 +111,7 @@ def run_hf(hf_model, prompts, max_new_tokens: int, seed: int, device, eos_ids: l
     synchronize(device)
     wall = time.perf_counter() - started
     new = out[:, width:].tolist()
-    return sum(response_length(row, set(eos_ids)) for row in new), wall, len(new[0])
-
-
-def memory_bandwidth_gbs(device: torch.device, megabytes: int = 512, repeats: int = 5) -> float:
-    """Best-of-`repeats` copy bandwidth in GB/s, counting the bytes read and the bytes written."""
-    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # first touch: page faults are not bandwidth
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(device)
-        started = time.perf_counter()
-        dst.copy_(src)
-        synchronize(device)
-        best = min(best, time.perf_counter() - started)
-    return 2 * src.nbytes / best / 1e9
-
-
-def weight_bytes_per_step(model) -> int:
-    """Bytes a batch-1 decode step must read: every distinct parameter once.
-
-    A tied embedding matrix is counted once: the LM head GEMV reads all of it, the input
-    lookup one row. An untied input embedding is left out (the lookup reads one row of it).
-    """
-    tied = model.lm_head.weight is model.embed_tokens.weight
-    return sum(
-        p.numel() * p.element_size()
-        for name, p in model.named_parameters()  # shared parameters are listed once
-        if tied or name != "embed_tokens.weight"
-    )
+    return sum(response_length(row, set(eos_ids)) for row in new), wall, len(new[0]), {}
 
 
 def profile_batch_one(engine: RolloutEngine, prompt: list[int], max_new_tokens: int, top: int = 15) -> str:
@@ -144,15 +124,17 @@ def profile_batch_one(engine: RolloutEngine, prompt: list[int], max_new_tokens: 
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
-def summarise(runs: list[Run], batch_sizes: list[int]) -> list[dict]:
+def summarise(runs: list[Run], batch_sizes: list[int], systems: list[str]) -> list[dict]:
     rows = []
     for b in batch_sizes:
-        rate = {}
-        for system in ("ours", "hf"):
+        row = {"batch_size": b}
+        for system in systems:
             mine = [r for r in runs if r.batch_size == b and r.system == system]
-            rate[system] = sum(r.tokens for r in mine) / sum(r.wall_s for r in mine)
-        rows.append({"batch_size": b, "ours_tok_s": rate["ours"], "hf_tok_s": rate["hf"],
-                     "ratio": rate["ours"] / rate["hf"]})
+            row[f"{system}_tok_s"] = sum(r.tokens for r in mine) / sum(r.wall_s for r in mine)
+        row["ratio"] = row["ours_tok_s"] / row["hf_tok_s"]
+        if "compiled" in systems:
+            row["compiled_ratio"] = row["compiled_tok_s"] / row["hf_tok_s"]
+        rows.append(row)
     return rows
 
 
@@ -160,6 +142,14 @@ def step_seconds(runs: list[Run], system: str) -> float:
     """Wall time per emitted token at batch 1, i.e. per step (prefill amortised in)."""
     mine = [r for r in runs if r.batch_size == 1 and r.system == system]
     return sum(r.wall_s for r in mine) / sum(r.tokens for r in mine)
+
+
+def decode_step_seconds(runs: list[Run], batch_size: int, system: str) -> tuple[float, float, float]:
+    """Ours at `batch_size`: (seconds per decode step, prefill seconds per call, mean live rows)."""
+    mine = [r for r in runs if r.batch_size == batch_size and r.system == system]
+    steps = sum(r.steps for r in mine)
+    decode = sum(r.wall_s - r.prefill_s for r in mine)
+    return decode / steps, sum(r.prefill_s for r in mine) / len(mine), sum(r.live_rows * r.steps for r in mine) / steps
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -173,8 +163,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--gsm8k", type=Path, default=DEFAULT_GSM8K, help="GSM8K test jsonl (synthetic if absent)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--profile", action="store_true", help="also profile one batch-1 rollout of ours")
+    parser.add_argument("--compile", action="store_true", help="also run our engine with the compiled decode step")
+    parser.add_argument("--sync-every", type=int, default=8, help="our engine's steps between host reads")
     args = parser.parse_args(argv)
-    for name in ("max_new_tokens", "repeats"):
+    for name in ("max_new_tokens", "repeats", "sync_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if min(args.batch_sizes) < 1:
@@ -193,55 +185,86 @@ def main(argv=None) -> dict:
     device = resolve_device(args.device)
     model, tokenizer = load_causal_lm(MODEL, dtype="float32", device=device)
     hf_model = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(MODEL), dtype=torch.float32).to(device).eval()
-    engine = RolloutEngine(model, tokenizer)
+    systems = ["ours", "compiled", "hf"] if args.compile else ["ours", "hf"]
+    engines = {"ours": RolloutEngine(model, tokenizer, sync_every=args.sync_every)}
+    if args.compile:
+        engines["compiled"] = RolloutEngine(model, tokenizer, compile=True, sync_every=args.sync_every)
+    engine = engines["ours"]
     eos_ids = list(model.config.eos_token_ids)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     prompts, source = load_prompts(tokenizer, max(args.batch_sizes), args.gsm8k)
 
     def one(system: str, batch: list[list[int]], max_new_tokens: int, seed: int):
-        if system == "ours":
-            return run_ours(engine, batch, max_new_tokens, seed, device)
+        if system in engines:
+            return run_ours(engines[system], batch, max_new_tokens, seed, device)
         return run_hf(hf_model, batch, max_new_tokens, seed, device, eos_ids, pad_id)
 
     runs: list[Run] = []
-    schedule = [(b, r, s) for b in args.batch_sizes for r in range(-1, args.repeats) for s in ("ours", "hf")]
+    compile_s = 0.0
+    schedule = [(b, r, s) for b in args.batch_sizes for r in range(-1, args.repeats) for s in systems]
     with tqdm(schedule, desc="engine vs hf", unit="run") as bar:
         for b, repeat, system in bar:
             warmup = repeat < 0
             bar.set_postfix_str(f"batch {b} {system}{' warm-up' if warmup else f' #{repeat + 1}'}")
-            tokens, wall, steps = one(system, prompts[:b], WARMUP_TOKENS if warmup else args.max_new_tokens, max(repeat, 0))
+            # A compiled warm-up decodes as far as a timed run, so every shape compiles there.
+            length = WARMUP_TOKENS if warmup and system != "compiled" else args.max_new_tokens
+            tokens, wall, steps, stats = one(system, prompts[:b], length, max(repeat, 0))
+            compile_s += stats.get("compile_s", 0.0)
             if not warmup:
-                runs.append(Run(system, b, repeat, tokens, wall, steps))
+                live = stats.get("active_rows_per_step")
+                runs.append(Run(system, b, repeat, tokens, wall, stats.get("steps", steps), stats.get("prefill_s"),
+                                sum(live) / max(len(live), 1) if live is not None else None))
                 if args.json:  # a long run that gets interrupted still leaves its measurements
                     args.json.write_text(json.dumps({"complete": False, "runs": [run_record(r) for r in runs]}, indent=2))
                 bar.write(f"  batch {b:>3} {system:>4} #{repeat + 1}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tok/s")
 
-    table = summarise(runs, args.batch_sizes)
+    table = summarise(runs, args.batch_sizes, systems)
     print(f"\nSmolLM2-135M-Instruct fp32 on {device} ({torch.get_num_threads()} threads), prompts: {source}, "
-          f"max_new_tokens {args.max_new_tokens}, {args.repeats} timed runs each")
-    print(f"{'batch':>5}  {'ours tok/s':>10}  {'hf tok/s':>10}  {'ours/hf':>7}")
+          f"max_new_tokens {args.max_new_tokens}, {args.repeats} timed runs each, sync every {args.sync_every} steps")
+    print(f"{'batch':>5}  " + "  ".join(f"{s + ' tok/s':>14}" for s in systems) + f"  {'ours/hf':>7}"
+          + (f"  {'compiled/hf':>11}" if args.compile else ""))
     for row in table:
-        print(f"{row['batch_size']:>5}  {row['ours_tok_s']:>10.1f}  {row['hf_tok_s']:>10.1f}  {row['ratio']:>7.2f}")
+        print(f"{row['batch_size']:>5}  " + "  ".join(f"{row[s + '_tok_s']:>14.1f}" for s in systems)
+              + f"  {row['ratio']:>7.2f}" + (f"  {row['compiled_ratio']:>11.2f}" if args.compile else ""))
 
     result = {
         "model": MODEL, "device": str(device), "dtype": "float32", "threads": torch.get_num_threads(),
         "prompts": source, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+        "sync_every": args.sync_every, "compile_s": compile_s,
         "results": table, "runs": [run_record(r) for r in runs], "complete": True,
     }
+    ours = [s for s in systems if s != "hf"]
+    if args.compile:
+        print(f"compilation: {compile_s:.1f} s in the warm-up calls (cached on disk for later runs)")
     if 1 in args.batch_sizes:
         bandwidth = memory_bandwidth_gbs(device)
         weight_bytes = weight_bytes_per_step(model)
         floor_s = weight_bytes / (bandwidth * 1e9)
-        ours_s, hf_s = step_seconds(runs, "ours"), step_seconds(runs, "hf")
+        hf_s = step_seconds(runs, "hf")
         print(f"\nbatch-1 weight-read floor: {weight_bytes / 1e6:.0f} MB of parameters per step (tied embedding "
               f"counted once, read by the LM head) at {bandwidth:.1f} GB/s copy bandwidth = {floor_s * 1e3:.1f} ms")
-        print(f"batch-1 step (wall / token): ours {ours_s * 1e3:.1f} ms = {floor_s / ours_s:.0%} of the floor's speed, "
-              f"hf {hf_s * 1e3:.1f} ms = {floor_s / hf_s:.0%}")
-        result["batch1_floor"] = {
-            "weight_bytes": weight_bytes, "bandwidth_gbs": bandwidth, "floor_ms": floor_s * 1e3,
-            "ours_step_ms": ours_s * 1e3, "hf_step_ms": hf_s * 1e3,
-            "ours_fraction_of_floor": floor_s / ours_s, "hf_fraction_of_floor": floor_s / hf_s,
-        }
+        result["batch1_floor"] = {"weight_bytes": weight_bytes, "bandwidth_gbs": bandwidth, "floor_ms": floor_s * 1e3,
+                                  "hf_ms_per_token": hf_s * 1e3}
+        for system in ours:
+            step_s, prefill_s, _ = decode_step_seconds(runs, 1, system)
+            print(f"batch-1 decode step, {system}: {step_s * 1e3:.1f} ms = {step_s / floor_s:.2f}x the floor "
+                  f"(prefill {prefill_s * 1e3:.0f} ms per call, apart); wall per token {step_seconds(runs, system) * 1e3:.1f} ms")
+            result["batch1_floor"][system] = {"decode_step_ms": step_s * 1e3, "times_floor": step_s / floor_s,
+                                              "prefill_ms": prefill_s * 1e3, "ms_per_token": step_seconds(runs, system) * 1e3}
+        print(f"batch-1 wall per token, hf: {hf_s * 1e3:.1f} ms = {hf_s / floor_s:.2f}x the floor (prefill included)")
+    largest = max(args.batch_sizes)
+    if largest > 1:
+        gflops = matmul_gflops(device)
+        result["matmul_floor"] = {"batch_size": largest, "matmul_gflops": gflops}
+        context = sum(len(p) for p in prompts[:largest]) / largest + args.max_new_tokens / 2
+        for system in ours:
+            step_s, prefill_s, live = decode_step_seconds(runs, largest, system)
+            floor_s = decode_step_flops(model, live, context) / (gflops * 1e9)
+            print(f"batch-{largest} decode step, {system}: {step_s * 1e3:.1f} ms for {live:.1f} live rows = "
+                  f"{step_s / floor_s:.2f}x the fp32 matmul floor ({floor_s * 1e3:.1f} ms at {gflops:.0f} GFLOP/s); "
+                  f"prefill {prefill_s:.2f} s per call, apart")
+            result["matmul_floor"][system] = {"decode_step_ms": step_s * 1e3, "floor_ms": floor_s * 1e3,
+                                              "times_floor": step_s / floor_s, "live_rows": live, "prefill_s": prefill_s}
     if args.profile:
         print("\nours, batch 1, top ops by self CPU time:")
         print(profile_batch_one(engine, prompts[0], min(args.max_new_tokens, 32)))

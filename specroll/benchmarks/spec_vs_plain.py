@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--compile", action="store_true", help="also run both engines with the compiled decode step")
     args = ap.parse_args(argv)
 
     model, tokenizer = load_causal_lm(args.policy, dtype=args.dtype, device=args.device)
@@ -114,8 +115,10 @@ def main(argv: list[str] | None = None) -> dict:
     spec = SpecConfig(head_type=args.head_type, heads_path=heads_path, budget=args.budget,
                       fixed_nodes=min(args.fixed_nodes, args.max_nodes), max_nodes=args.max_nodes,
                       capacity=args.capacity, context_lookup=not args.no_context_lookup)
-    plain_engine = RolloutEngine(model, tokenizer)
-    spec_engine = RolloutEngine(model, tokenizer, spec=spec)
+    modes = [("eager", False), ("compiled", True)] if args.compile else [("eager", False)]
+    engines = {mode: (RolloutEngine(model, tokenizer, compile=on), RolloutEngine(model, tokenizer, spec=spec, compile=on))
+               for mode, on in modes}
+    spec_engine = engines["eager"][1]
     max_depth = spec_engine.decoder.heads.num_heads
 
     settings = [(f"concurrency {c}", c, 1) for c in args.concurrency]
@@ -124,18 +127,23 @@ def main(argv: list[str] | None = None) -> dict:
         settings.append((f"grpo {p}x{n}", p, n))
     prompts_all, source = load_prompts(tokenizer, max(s[1] for s in settings), DEFAULT_GSM8K)
     warm = SamplingParams(max_new_tokens=4, seed=args.seed)
-    plain_engine.generate(prompts_all[:1], warm)
-    spec_engine.generate(prompts_all[:1], warm)
+    for plain_engine, spec_engine in engines.values():
+        plain_engine.generate(prompts_all[:1], warm)
+        spec_engine.generate(prompts_all[:1], warm)
 
     rows = []
-    bar = tqdm(total=len(settings) * args.repeats * 2, desc="benchmark", unit="run")
-    for name, num_prompts, n in settings:
+    bar = tqdm(total=len(settings) * args.repeats * 2 * len(modes), desc="benchmark", unit="run")
+    for (name, num_prompts, n), (mode, _) in ((s, m) for s in settings for m in modes):
+        plain_engine, spec_engine = engines[mode]
         prompts = prompts_all[:num_prompts]
         plain_t, spec_t, plain_tok, spec_tok = 0.0, 0.0, 0, 0
         per_step, oracle, budgets, draft_t, lookup_share = [], [], [], 0.0, []
         for r in range(args.repeats):
             params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
                                     n=n, seed=args.seed + r)
+            if mode == "compiled" and r == 0:  # compile the shapes of this setting before timing
+                plain_engine.generate(prompts, params)
+                spec_engine.generate(prompts, params)
             out, wall = timed_generate(plain_engine, prompts, params, device)
             plain_t, plain_tok = plain_t + wall, plain_tok + out.stats["tokens"]
             bar.update()
@@ -149,6 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
             bar.update()
         row = {
             "setting": name,
+            "step": mode,
             "plain_tokens_per_s": plain_tok / plain_t,
             "spec_tokens_per_s": spec_tok / spec_t,
             "speedup": (spec_tok / spec_t) / (plain_tok / plain_t),
@@ -160,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
             "acceptance_by_depth": out.stats["acceptance_by_depth"],
         }
         rows.append(row)
-        bar.write(f"{name}: {row['speedup']:.2f}x, {row['tokens_per_step']:.2f} tokens/step")
+        bar.write(f"{name} ({mode}): {row['speedup']:.2f}x, {row['tokens_per_step']:.2f} tokens/step")
     bar.close()
 
     budget = f"fixed {spec.fixed_nodes} nodes" if args.budget == "fixed" else args.budget
@@ -168,12 +177,12 @@ def main(argv: list[str] | None = None) -> dict:
         budget += f" (C_hw {spec_engine.decoder.capacity})"
     print(f"\npolicy {args.policy}, heads {heads_path or 'untrained ' + args.head_type}, budget {budget}, "
           f"context lookup {'off' if args.no_context_lookup else 'on'}, prompts from {source}, device {device}, {args.dtype}")
-    print(f"{'setting':>16} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'tok/step':>8} {'oracle':>7} "
+    print(f"{'setting':>16} {'step':>8} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'tok/step':>8} {'oracle':>7} "
           f"{'drafting':>8} {'lookup':>6}  budget trace")
     for row in rows:
         trace = row["budget_trace"]
         summary = f"{min(trace)}..{max(trace)} (mean {sum(trace) / len(trace):.1f})" if trace else "-"
-        print(f"{row['setting']:>16} {row['plain_tokens_per_s']:11.1f} {row['spec_tokens_per_s']:10.1f} "
+        print(f"{row['setting']:>16} {row['step']:>8} {row['plain_tokens_per_s']:11.1f} {row['spec_tokens_per_s']:10.1f} "
               f"{row['speedup']:6.2f} {row['tokens_per_step']:8.2f} {row['oracle_tokens_per_step']:7.2f} "
               f"{row['draft_share']:8.1%} {row['lookup_token_share']:6.0%}  {summary}")
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": spec_engine.decoder.capacity, "rows": rows}

@@ -125,6 +125,9 @@ class RolloutSection:
     max_new_tokens: int = 256  # response length cap in tokens
     n: int = 8  # responses per prompt: the GRPO group size, >= 2
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding; used when mode is specroll
+    # Run the plain decode step compiled (torch.compile; CUDA graphs on GPUs); false = eager.
+    compile: bool = False
+    sync_every: int = 8  # decode steps between host reads of which responses finished, >= 1
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, ROLLOUT_MODES)
@@ -133,6 +136,8 @@ class RolloutSection:
         self.sampling_params(seed=0)  # SamplingParams checks the sampling fields
         if self.n < 2:
             raise ValueError(f"n must be >= 2: GRPO advantages compare the responses to one prompt, got {self.n}")
+        if self.sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1, got {self.sync_every}")
 
     def sampling_params(self, seed: int) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,

@@ -39,10 +39,11 @@ class KVCache:
         return cls(cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim, p.dtype, p.device, live_rows)
 
     # -- used by the attention layers during a forward ------------------------------------
-    def append_slots(self, num_new: int) -> torch.Tensor:
-        """Slot index of every new token of the live rows, [B, T]; raises if a row would overflow."""
-        lengths = self.lengths[: self.batch_size]
-        if int(lengths.max()) + num_new > self.max_len:
+    def append_slots(self, batch: int, num_new: int, span: int | None = None) -> torch.Tensor:
+        """Slot index of every new token of the `batch` live rows, [B, T]. Without `span` it raises
+        if a row would overflow (a host sync); with it the caller guarantees every row fits in `span`."""
+        lengths = self.lengths[:batch]
+        if span is None and int(lengths.max()) + num_new > self.max_len:
             raise ValueError(
                 f"KV cache overflow: a row needs {int(lengths.max()) + num_new} slots, "
                 f"the cache holds {self.max_len}"
@@ -55,18 +56,20 @@ class KVCache:
         self.k[layer, rows, :, slots] = k.transpose(1, 2)
         self.v[layer, rows, :, slots] = v.transpose(1, 2)
 
-    def view(self, layer: int, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of the first `num_slots` slots of every live row, [B, H, S, D]."""
-        return self.k[layer, : self.batch_size, :, :num_slots], self.v[layer, : self.batch_size, :, :num_slots]
+    def view(self, layer: int, batch: int, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the first `num_slots` slots of the `batch` live rows, [B, H, S, D]."""
+        return self.k[layer, :batch, :, :num_slots], self.v[layer, :batch, :, :num_slots]
 
-    def attention_mask(self, new_token_mask: torch.Tensor) -> torch.Tensor:
+    def attention_mask(self, new_token_mask: torch.Tensor, span: int | None = None) -> torch.Tensor:
         """Which slots each new token may attend to, [B, 1, T, S].
 
         A new token sees its row's cached prefix plus the new tokens that `new_token_mask`
         ([B, T, T], True = visible) allows: causal for a sequence, ancestors for a tree.
+        S is `span` when given (a fixed shape, built without reading lengths on the host),
+        else the longest row's prefix plus T.
         """
         batch, num_new, _ = new_token_mask.shape
-        num_slots = int(self.lengths[:batch].max()) + num_new
+        num_slots = int(self.lengths[:batch].max()) + num_new if span is None else span
         slot = torch.arange(num_slots, device=new_token_mask.device)
         lengths = self.lengths[:batch, None]
         cached = (slot[None, :] < lengths)[:, None, :].expand(batch, num_new, num_slots)

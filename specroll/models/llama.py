@@ -78,7 +78,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             cache.write(self.layer, slots, k, v)
-            k, v = cache.view(self.layer, mask.shape[-1])
+            k, v = cache.view(self.layer, batch, mask.shape[-1])
         gqa = self.num_heads != self.num_kv_heads
         if mask is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
@@ -143,6 +143,7 @@ class CausalLM(nn.Module):
         cache: KVCache | None = None,
         new_token_mask: torch.Tensor | None = None,
         logits_at: torch.Tensor | None = None,
+        span: int | None = None,
     ) -> ModelOutput:
         """Run the decoder over `input_ids` [B, T].
 
@@ -153,6 +154,8 @@ class CausalLM(nn.Module):
         `position_ids` default to 0..T-1 (no cache) or lengths + 0..T-1 (cache).
         `logits_at` [B, K] picks the positions whose logits are computed (saves the LM head
         on prefill and decode); hidden states are always returned for every position.
+        `span` (with a cache): attend to the first `span` slots of every row, a fixed shape
+        that needs no host sync; the caller guarantees every row's prefix plus T fits in it.
         """
         batch, num_new = input_ids.shape
         device = input_ids.device
@@ -170,8 +173,8 @@ class CausalLM(nn.Module):
             if new_token_mask is None:
                 new_token_mask = torch.ones(num_new, num_new, dtype=torch.bool, device=device).tril()
                 new_token_mask = new_token_mask.expand(batch, num_new, num_new)
-            slots = cache.append_slots(num_new)
-            mask = cache.attention_mask(new_token_mask)
+            slots = cache.append_slots(batch, num_new, span)
+            mask = cache.attention_mask(new_token_mask, span)
         elif new_token_mask is not None:
             mask = new_token_mask[:, None]
 

@@ -56,8 +56,9 @@ class PackedWeight:
 
 
 def uses_packed_weight(x: torch.Tensor) -> bool:
-    """Packed weights serve CPU inference; training (autograd) and GPUs use F.linear."""
-    return x.device.type == "cpu" and not torch.is_grad_enabled()
+    """Packed weights serve eager CPU inference; training (autograd), GPUs and compiled steps
+    (inductor cannot take oneDNN-layout inputs) use F.linear."""
+    return x.device.type == "cpu" and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Batched rollout generation with the one sampling function of SpecRoll."""
 from .engine import DecodeState, PlainDecoder, RolloutEngine, RolloutOutput, StepResult
-from .sampling import RowRandom, SamplingParams, sample_tokens, sampling_logprobs, splitmix64
+from .sampling import RowRandom, SamplingParams, row_uniforms, sample_tokens, sampling_logprobs, splitmix64
 
 __all__ = [
     "DecodeState",
@@ -10,6 +10,7 @@ __all__ = [
     "RowRandom",
     "SamplingParams",
     "StepResult",
+    "row_uniforms",
     "sample_tokens",
     "sampling_logprobs",
     "splitmix64",

@@ -13,7 +13,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..models import KVCache, load_causal_lm
-from .sampling import RowRandom, SamplingParams, sample_tokens, sampling_logprobs
+from .compiled_step import StepFunction
+from .responses import ResponseBuffer
+from .sampling import RowRandom, SamplingParams, row_uniforms, sample_tokens, sampling_logprobs
 from .token_history import TokenHistory
 
 
@@ -34,8 +36,17 @@ class StepResult:
     counts: torch.Tensor  # [B] how many of the K are real
 
 
+# The attended span grows in steps of this many cache slots: few shapes, little padding.
+SPAN_BUCKET = 64
+
+
 class DecodeState:
-    """Per-row state of a generate call; rows are kept in cache order."""
+    """Per-row state of a generate call; rows are kept in cache order.
+
+    A fixed-shape decoder leaves finished rows in the batch (`live` False, their cache frozen)
+    until the engine compacts it at a batch-size bucket, so no step needs to read on the host
+    which rows are done.
+    """
 
     def __init__(self, cache: KVCache, history: TokenHistory, row_ids: torch.Tensor, rng: RowRandom,
                  last_tokens: torch.Tensor, last_hidden: torch.Tensor, params: SamplingParams):
@@ -47,32 +58,72 @@ class DecodeState:
         self.last_tokens = last_tokens  # sampled but not yet in the cache
         self.last_hidden = last_hidden  # final hidden state at the position that produced it
         self.params = params
+        self.live = torch.ones_like(row_ids, dtype=torch.bool)  # rows still generating
+        # Host-side bound on every row's cache length, kept by the decoders without a sync.
+        self.cached_bound = int(history.lengths.max())
         self.drafter_state = None  # per-row state a drafter keeps for the generate call (Reflex), with keep(rows)
+
+    @property
+    def batch_size(self) -> int:
+        return self.row_ids.shape[0]
+
+    def span(self, num_new: int) -> int:
+        """Cache slots a step of `num_new` tokens per row attends to: the bound on the longest
+        row plus the new tokens, rounded up to a SPAN_BUCKET multiple (a fixed shape)."""
+        need = self.cached_bound + num_new
+        return min(-(-need // SPAN_BUCKET) * SPAN_BUCKET, self.cache.max_len)
 
     def keep(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
+        self.cached_bound = int(self.cache.lengths[: len(rows)].max())  # compaction reads anyway: tighten the bound
         self.history.keep(rows)
         self.prompt_lengths = self.prompt_lengths[rows]
         self.row_ids = self.row_ids[rows]
         self.last_tokens = self.last_tokens[rows]
         self.last_hidden = self.last_hidden[rows]
+        self.live = self.live[rows]
         self.rng.keep(rows)
         if self.drafter_state is not None:
             self.drafter_state.keep(rows)
 
 
-class PlainDecoder:
-    """One token per row per step: the vanilla baseline and the N_t = 1 fallback."""
+def decode_one_token(model, tokens: torch.Tensor, cache: KVCache, span: int, keys: torch.Tensor,
+                     counters: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """One plain step at a fixed shape: forward `tokens` [B], sample the next one per row with
+    draw `counters` of its stream; (tokens [B], their log-probs [B], final hidden states [B, D]
+    at `tokens`). No host sync."""
+    logits_at = torch.zeros(tokens.shape[0], 1, dtype=torch.long, device=tokens.device)
+    out = model(tokens[:, None], cache=cache, logits_at=logits_at, span=span)
+    logprobs = sampling_logprobs(out.logits[:, -1], params)
+    uniforms = None if params.greedy else row_uniforms(keys, counters, 1)[:, 0]
+    return *sample_tokens(logprobs, uniforms, params.greedy), out.hidden[:, -1]
 
-    def __init__(self, model) -> None:
+
+class PlainDecoder:
+    """One token per row per step: the vanilla baseline and the N_t = 1 fallback. The step is
+    fixed-shape and sync-free, so it can run compiled (see `compiled_step`)."""
+
+    max_tokens_per_step = 1
+    fixed_shape = True  # finished rows may stay in the batch; the engine compacts at buckets
+
+    def __init__(self, model, compile: bool = False) -> None:
         self.model = model
+        self.decode = StepFunction(decode_one_token, compile, next(model.parameters()).device)
+
+    @property
+    def compiled_on_cuda(self) -> bool:
+        return self.decode.compiled and self.decode.on_cuda
 
     def step(self, state: DecodeState) -> StepResult:
-        batch = state.last_tokens.shape[0]
-        out = self.model(state.last_tokens[:, None], cache=state.cache)
-        state.cache.commit(torch.ones(batch, dtype=torch.long, device=state.last_tokens.device))
-        tokens, logprobs = sample_next(out.logits[:, -1], state.rng, state.params)
+        tokens, logprobs, state.last_hidden = self.decode(self.model, state.last_tokens, state.cache, state.span(1),
+                                                          state.rng.keys, state.rng.counters, state.params)
+        state.rng.advance(1)
+        state.cache.commit(state.live.long())  # a finished row rewrites the same slot from now on
+        state.cached_bound += 1
         return StepResult(tokens[:, None], logprobs[:, None], torch.ones_like(tokens))
+
+    def pop_stats(self) -> dict:
+        return self.decode.pop()
 
 
 def sample_next(logits: torch.Tensor, rng: RowRandom, params: SamplingParams):
@@ -82,15 +133,34 @@ def sample_next(logits: torch.Tensor, rng: RowRandom, params: SamplingParams):
     return sample_tokens(logprobs, uniforms, params.greedy)
 
 
+def batch_bucket(live: int, current: int) -> int:
+    """Rows a fixed-shape step keeps for `live` unfinished rows of a `current`-row batch: the
+    smallest power of two that holds them, once it is below the current size."""
+    return min(1 << (live - 1).bit_length(), current)
+
+
 class RolloutEngine:
-    def __init__(self, model, tokenizer=None, spec=None, show_progress: bool = False) -> None:
+    """Batched generation with a plain or speculative decoder.
+
+    `compile`: run the plain decode step compiled (torch.compile; CUDA graphs on GPUs).
+    `sync_every`: decode steps between two host reads of which rows are finished (to stop and
+    to compact the batch); in between, steps run without any host synchronisation. Decoders
+    that are not fixed-shape (speculative) read every step.
+    """
+
+    def __init__(self, model, tokenizer=None, spec=None, show_progress: bool = False, compile: bool = False,
+                 sync_every: int = 8) -> None:
+        if sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         # Prepacked weights make the few-row products of decoding and tree verification
         # cheap on CPU; elsewhere they change nothing.
         self.model = model.eval().use_prepacked_linears()
         self.tokenizer = tokenizer
         self.show_progress = show_progress
-        self.decoder = PlainDecoder(model) if spec is None else spec.build_decoder(model)
+        self.sync_every = sync_every
+        self.decoder = PlainDecoder(model, compile) if spec is None else spec.build_decoder(model, compile)
         self.device = next(model.parameters()).device
+        self.cache: KVCache | None = None  # reused across calls: allocation is costly, CUDA graphs want fixed addresses
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "float32", device: str = "auto", **kwargs):
@@ -115,6 +185,23 @@ class RolloutEngine:
             if min(p) < 0 or max(p) >= vocab:
                 raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
 
+    def cache_for(self, rows: int, max_len: int, live_rows: int) -> KVCache:
+        """An empty KV cache of at least `rows` x `max_len`, the previous call's when it fits."""
+        p = next(self.model.parameters())
+        cache = self.cache
+        if cache is None or cache.k.shape[1] < rows or cache.max_len < max_len or cache.k.dtype != p.dtype \
+                or cache.k.device != p.device:
+            self.cache = cache = None  # free the old one before allocating
+            cache = KVCache.for_model(self.model, rows, max_len)
+            if getattr(self.decoder, "compiled_on_cuda", False):
+                # CUDA graphs write the cache in place: it must stay at one address.
+                torch._dynamo.mark_static_address(cache.k)
+                torch._dynamo.mark_static_address(cache.v)
+            self.cache = cache
+        cache.lengths.zero_()
+        cache.batch_size = live_rows
+        return cache
+
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None,
                  prompt_keys: list | None = None) -> RolloutOutput:
@@ -135,7 +222,7 @@ class RolloutEngine:
         row_caps = (context - prompt_lens).clamp(max=params.max_new_tokens).repeat_interleave(n)
         slack = getattr(self.decoder, "max_tokens_per_step", 1)
         max_len = int(prompt_lens.max()) + params.max_new_tokens + slack
-        cache = KVCache.for_model(self.model, num_rows, max_len, live_rows=num_prompts)
+        cache = self.cache_for(num_rows, max_len, num_prompts)
 
         history = TokenHistory.from_prompts(prompts, max_len, self.device)
         first_logits, first_hidden = self.prefill(history, cache)
@@ -145,25 +232,31 @@ class RolloutEngine:
         first, first_lp = sample_next(first_logits.repeat_interleave(n, dim=0), rng, params)
         state = DecodeState(cache, history, torch.arange(num_rows, device=self.device), rng, first,
                             first_hidden.repeat_interleave(n, dim=0), params)
+        responses = ResponseBuffer(row_caps, self.stop_ids(params), params.max_new_tokens, self.device)
+        prefill_s = time.perf_counter() - started
 
-        tokens: list[list[int]] = [[] for _ in range(num_rows)]
-        logprobs: list[list[float]] = [[] for _ in range(num_rows)]
-        finish: list[str] = ["length"] * num_rows
-        stops = self.stop_ids(params)
-        active_per_step: list[int] = []
+        # Every row is done after its cap's worth of steps: the loop never runs longer.
+        max_steps = int(row_caps.max()) - 1
+        active = torch.zeros(max_steps + 1, dtype=torch.long, device=self.device)  # live rows per step
+        sync_every = self.sync_every if getattr(self.decoder, "fixed_shape", False) else 1
         bar = tqdm(total=int(row_caps.sum()), desc="rollout", unit="tok", disable=not self.show_progress)
-
-        step = StepResult(first[:, None], first_lp[:, None], torch.ones_like(first))
+        steps = 0
+        self.record(StepResult(first[:, None], first_lp[:, None], torch.ones_like(first)), state, responses)
         while True:
-            done = self.append(step, state, tokens, logprobs, finish, row_caps, stops, bar)
-            if bool(done.all()):
-                break
-            if bool(done.any()):
-                state.keep(torch.nonzero(~done).squeeze(1))
-            active_per_step.append(len(state.row_ids))
-            step = self.decoder.step(state)
+            if steps % sync_every == 0 or steps == max_steps:
+                live = state.live.cpu()  # the only host read of the loop
+                if self.show_progress:
+                    bar.update(int(responses.lengths.sum()) - bar.n)
+                if not live.any():
+                    break
+                self.compact(state, live)
+            active[steps] = state.live.sum()
+            self.record(self.decoder.step(state), state, responses)
+            steps += 1
         bar.close()
 
+        tokens, logprobs, finish = responses.to_lists()
+        active_per_step = [a for a in active[:steps].tolist() if a]
         elapsed = time.perf_counter() - started
         num_tokens = sum(len(t) for t in tokens)
         stats = {
@@ -171,6 +264,7 @@ class RolloutEngine:
             "active_rows_per_step": active_per_step,
             "tokens": num_tokens,
             "wall_time_s": elapsed,
+            "prefill_s": prefill_s,
             "tokens_per_s": num_tokens / max(elapsed, 1e-9),
         }
         stats.update(getattr(self.decoder, "pop_stats", dict)())
@@ -186,26 +280,22 @@ class RolloutEngine:
         last = (lengths - 1)[:, None, None].expand(-1, 1, out.hidden.shape[-1])
         return out.logits[:, 0], torch.gather(out.hidden, 1, last)[:, 0]
 
+    def compact(self, state: DecodeState, live: torch.Tensor) -> None:
+        """Drop finished rows: all of them for a decoder that is not fixed-shape, else down to the
+        next power-of-two bucket that holds the live rows (finished rows fill it up)."""
+        num_live, batch = int(live.sum()), len(live)
+        size = batch_bucket(num_live, batch) if getattr(self.decoder, "fixed_shape", False) else num_live
+        if size == batch:
+            return
+        rows = torch.cat((torch.nonzero(live).squeeze(1), torch.nonzero(~live).squeeze(1)))[:size]
+        state.keep(rows.to(self.device))
+
     @staticmethod
-    def append(step: StepResult, state: DecodeState, tokens, logprobs, finish, row_caps, stops, bar) -> torch.Tensor:
-        """Record emitted tokens, cut them at a stop token or the length cap; return finished rows."""
-        emitted = step.tokens.tolist()
-        emitted_lp = step.logprobs.tolist()
-        counts = step.counts.tolist()
-        done = torch.zeros(len(counts), dtype=torch.bool)
-        for r, row in enumerate(state.row_ids.tolist()):
-            cap = int(row_caps[row])
-            for tok, lp in zip(emitted[r][: counts[r]], emitted_lp[r][: counts[r]]):
-                tokens[row].append(tok)
-                logprobs[row].append(lp)
-                bar.update(1)
-                if tok in stops:
-                    finish[row] = "stop"
-                    done[r] = True
-                    break
-                if len(tokens[row]) >= cap:
-                    done[r] = True
-                    break
-        state.history.append(step.tokens, step.counts)
+    def record(step: StepResult, state: DecodeState, responses: ResponseBuffer) -> None:
+        """Keep a step's emitted tokens (cut at a stop token or the length cap) and retire the
+        rows it finished; all on the device."""
+        counts = step.counts * state.live
+        finished = responses.append(state.row_ids, state.live, step.tokens, step.logprobs, counts)
+        state.history.append(step.tokens, counts)
         state.last_tokens = step.tokens.gather(1, (step.counts - 1).clamp(min=0)[:, None]).squeeze(1)
-        return done.to(state.last_tokens.device)
+        state.live = state.live & ~finished

@@ -88,6 +88,14 @@ def splitmix64(x: torch.Tensor) -> torch.Tensor:
     return z ^ _shift_right(z, 31)
 
 
+def row_uniforms(keys: torch.Tensor, counters: torch.Tensor, num_draws: int) -> torch.Tensor:
+    """[rows, num_draws] U[0, 1) in float64: draws counters .. counters + num_draws - 1 of each
+    row's stream; pure, so a compiled step can take them and the caller advance the counters."""
+    offsets = counters[:, None] + torch.arange(num_draws, device=keys.device)
+    bits = splitmix64(splitmix64(keys[:, None] ^ splitmix64(offsets)))
+    return _shift_right(bits, 11).double() * (1.0 / (1 << 53))
+
+
 class RowRandom:
     """Counter-based uniforms per row: draw i of a row depends only on (seed, row key, i).
 
@@ -103,10 +111,13 @@ class RowRandom:
 
     def draw(self, num_draws: int) -> torch.Tensor:
         """[rows, num_draws] independent U[0, 1) in float64; advances each row's counter."""
-        offsets = self.counters[:, None] + torch.arange(num_draws, device=self.keys.device)
-        bits = splitmix64(splitmix64(self.keys[:, None] ^ splitmix64(offsets)))
+        uniforms = row_uniforms(self.keys, self.counters, num_draws)
+        self.advance(num_draws)
+        return uniforms
+
+    def advance(self, num_draws: int) -> None:
+        """Skip `num_draws` draws of every row (those a compiled step took with `row_uniforms`)."""
         self.counters += num_draws
-        return _shift_right(bits, 11).double() * (1.0 / (1 << 53))
 
     def keep(self, rows: torch.Tensor) -> None:
         self.keys, self.counters = self.keys[rows], self.counters[rows]

@@ -9,20 +9,27 @@ import torch
 
 
 class TokenHistory:
-    def __init__(self, tokens: torch.Tensor, lengths: torch.Tensor) -> None:
-        self.tokens = tokens  # [B, capacity] ids; entries at or after a row's length are padding
+    def __init__(self, buffer: torch.Tensor, lengths: torch.Tensor) -> None:
+        # [B, capacity + 1]: the last column takes writes that must not land, so appending
+        # needs no data-dependent indexing (no host sync).
+        self.buffer = buffer
         self.lengths = lengths  # [B] ids held per row
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """[B, capacity] ids; entries at or after a row's length are padding."""
+        return self.buffer[:, :-1]
 
     @classmethod
     def from_prompts(cls, prompts: list[list[int]], capacity: int, device) -> "TokenHistory":
-        tokens = torch.zeros(len(prompts), capacity, dtype=torch.long, device=device)
+        buffer = torch.zeros(len(prompts), capacity + 1, dtype=torch.long)
         for i, p in enumerate(prompts):
-            tokens[i, : len(p)] = torch.tensor(p, device=device)
-        return cls(tokens, torch.tensor([len(p) for p in prompts], device=device))
+            buffer[i, : len(p)] = torch.tensor(p)
+        return cls(buffer.to(device), torch.tensor([len(p) for p in prompts], device=device))
 
     def repeat_rows(self, n: int) -> None:
         """Each row n times in a row (one per response of a prompt)."""
-        self.tokens = self.tokens.repeat_interleave(n, dim=0)
+        self.buffer = self.buffer.repeat_interleave(n, dim=0)
         self.lengths = self.lengths.repeat_interleave(n)
 
     def append(self, tokens: torch.Tensor, counts: torch.Tensor) -> None:
@@ -30,11 +37,12 @@ class TokenHistory:
         (a row is finished by then: the engine sizes capacity for its longest response)."""
         offsets = torch.arange(tokens.shape[1], device=tokens.device)
         columns = self.lengths[:, None] + offsets
-        write = (offsets < counts[:, None]) & (columns < self.tokens.shape[1])
+        sink = self.buffer.shape[1] - 1
+        write = (offsets < counts[:, None]) & (columns < sink)
         rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None].expand_as(tokens)
-        self.tokens[rows[write], columns[write]] = tokens[write]
+        self.buffer.index_put_((rows, torch.where(write, columns, sink)), tokens)
         self.lengths = self.lengths + write.sum(1)
 
     def keep(self, rows: torch.Tensor) -> None:
-        self.tokens = self.tokens[rows]
+        self.buffer = self.buffer[rows]
         self.lengths = self.lengths[rows]

@@ -83,7 +83,7 @@ class SpecConfig:
     def uses_slow_path(self) -> bool:
         return self.adaptation in ("slow", "both", "every_step")
 
-    def build_decoder(self, model):
+    def build_decoder(self, model, compile: bool = False):
         from .decoder import SpecDecoder
 
-        return SpecDecoder(model, self)
+        return SpecDecoder(model, self, compile=compile)

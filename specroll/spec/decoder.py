@@ -12,7 +12,8 @@ from functools import partial
 
 import torch
 
-from ..rollout.engine import DecodeState, StepResult
+from ..rollout.compiled_step import StepFunction
+from ..rollout.engine import DecodeState, PlainDecoder, StepResult
 from ..rollout.sampling import sampling_logprobs
 from .budget import concurrency_budget, cost_model_budget, resolve_budget, speculation_may_pay
 from .config import SpecConfig
@@ -22,8 +23,8 @@ from .lookup import LookupAcceptance, add_lookup_candidates, lookup_drafts
 from .maturation import matured_proposals
 from .profile import get_profile
 from .reflex import FastState, SafetyGuard, matured_feedback, rms
-from .tree import draft_candidates, root_only_tree, select_tree, tree_attention_mask
-from .verify import verify_tree
+from .tree import draft_candidates, select_tree, tree_attention_mask
+from .verify import Verdict, verify_tree
 
 
 def initial_heads(model, cfg: SpecConfig) -> HorizonHeads:
@@ -69,8 +70,10 @@ COST_MODEL_MOMENTUM = 0.8
 
 
 class SpecDecoder:
-    def __init__(self, model, cfg: SpecConfig, heads: HorizonHeads | None = None) -> None:
+    def __init__(self, model, cfg: SpecConfig, heads: HorizonHeads | None = None, compile: bool = False) -> None:
         self.model, self.cfg = model, cfg
+        self.plain = PlainDecoder(model, compile)  # the step where no tree is verified
+        self.verify_forward = StepFunction(tree_forward, compile, next(model.parameters()).device)
         # The acceptance rule; exactness tests swap in a deliberately biased one as a negative control.
         self.verify = verify_tree
         self.max_tokens_per_step = cfg.max_nodes
@@ -125,7 +128,7 @@ class SpecDecoder:
             "time_verify_s": s["time_verify_s"],
             "time_bookkeeping_s": s["time_bookkeeping_s"],
             "lookup_token_share": s["lookup_accepted"] / max(s["drafts_accepted"], 1),
-        }
+        } | self.compile_stats()
         if self.records is not None:
             out["time_records_s"] = s["time_records_s"]
         if self.reflex is not None:
@@ -138,6 +141,11 @@ class SpecDecoder:
                        reflex_guard_trips=self.guard.trips)
         self.reset_stats()
         return out
+
+    def compile_stats(self) -> dict:
+        """Graphs compiled since the last pop (plain steps and verify forwards) and their seconds."""
+        plain, verify = self.plain.pop_stats(), self.verify_forward.pop()
+        return {name: plain[name] + verify[name] for name in plain}
 
     def log_calibration(self) -> torch.Tensor:
         return (self.observed / self.predicted).log()
@@ -185,24 +193,14 @@ class SpecDecoder:
         else:
             budget = self.node_budget(batch)
             cands, lookup = self.draft(state, budget - 1) if budget > 1 else (None, None)
-        tree = select_tree(cands, budget - 1) if budget > 1 else root_only_tree(batch, roots.device)
+        tree = select_tree(cands, budget - 1) if budget > 1 else None
         t1 = time.perf_counter()
-
-        ids = torch.cat((roots[:, None], tree.tokens), dim=1)
-        positions = state.cache.lengths[:batch, None] + torch.cat((torch.zeros_like(roots[:, None]), tree.depths), 1)
-        mask = tree_attention_mask(tree)
-        out = self.model(ids, position_ids=positions, cache=state.cache, new_token_mask=mask)
-        logprobs = sampling_logprobs(out.logits, state.params)
-        uniforms = None if state.params.greedy else state.rng.draw(budget)
-        verdict = self.verify(logprobs, tree, uniforms, state.params.greedy, self.heads.num_heads)
+        if budget > 1:
+            verdict, logits, logprobs = self.verify_pass(state, tree, budget)
+        else:
+            verdict, logits, logprobs = self.plain_pass(state), None, None
         t2 = time.perf_counter()
 
-        if budget > 1:
-            state.cache.commit_gather(verdict.path[:, : int(verdict.counts.max())], verdict.counts)
-        else:
-            state.cache.commit(verdict.counts)  # a root-only step is a plain step: nothing to compact
-        last = torch.gather(verdict.path, 1, (verdict.counts - 1)[:, None])
-        state.last_hidden = torch.gather(out.hidden, 1, last[..., None].expand(-1, -1, out.hidden.shape[-1]))[:, 0]
         if budget > 1:
             self.update_calibration(verdict)
         on_chain = None if lookup is None else self.lookup_acceptance.update(lookup, verdict.tokens, verdict.counts)
@@ -212,13 +210,43 @@ class SpecDecoder:
             self.learn_reflex(state, matured, verdict, logprobs)
         if self.records is not None and matured is not None:
             started = time.perf_counter()
-            self.records.add_pass(matured, out.logits, verdict, tree, hidden, roots,
+            self.records.add_pass(matured, logits, verdict, tree, hidden, roots,
                                   state.history.lengths - state.prompt_lengths, self.heads.version)
             self.stats["time_records_s"] += time.perf_counter() - started
         self.stats["time_draft_s"] += t1 - t0
         self.stats["time_verify_s"] += t2 - t1
         self.stats["time_bookkeeping_s"] += time.perf_counter() - t2
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
+
+    def verify_pass(self, state: DecodeState, tree, budget: int):
+        """One forward over every row's root and tree, the exact acceptance rule, and the
+        accepted paths kept in the cache: (verdict, logits, sampling log-probs)."""
+        roots = state.last_tokens
+        # Padded to a bucket of node counts, so the compiled forward meets few shapes.
+        nodes = node_bucket(budget, self.cfg.max_nodes)
+        ids, depths, mask = padded_tree_inputs(roots, tree, nodes)
+        positions = state.cache.lengths[: roots.shape[0], None] + depths
+        logits, hidden = self.verify_forward(self.model, ids, positions, state.cache, mask, state.span(nodes))
+        logits, hidden = logits[:, :budget], hidden[:, :budget]
+        logprobs = sampling_logprobs(logits, state.params)
+        uniforms = None if state.params.greedy else state.rng.draw(budget)
+        verdict = self.verify(logprobs, tree, uniforms, state.params.greedy, self.heads.num_heads)
+        longest = int(verdict.counts.max())
+        state.cache.commit_gather(verdict.path[:, :longest], verdict.counts)
+        state.cached_bound += longest
+        last = torch.gather(verdict.path, 1, (verdict.counts - 1)[:, None])
+        state.last_hidden = torch.gather(hidden, 1, last[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
+        return verdict, logits, logprobs
+
+    def plain_pass(self, state: DecodeState) -> Verdict:
+        """A root-only step is the plain decode step (compiled where that is on), so a step that
+        does not speculate costs what plain decoding does; its verdict accepts nothing."""
+        step = self.plain.step(state)
+        batch, device = step.tokens.shape[0], step.tokens.device
+        nothing = torch.zeros(batch, 0, device=device)
+        return Verdict(path=torch.zeros(batch, 1, dtype=torch.long, device=device), counts=step.counts,
+                       tokens=step.tokens, logprobs=step.logprobs, accepted_at_depth=nothing.bool(),
+                       reached_node_prob=nothing)
 
     def pop_head_records(self):
         """Slow path: (HeadTelemetry, MaturedRecords or None) of the generate calls since the last pop."""
@@ -239,7 +267,7 @@ class SpecDecoder:
         if matured is not None:
             feedback = matured_feedback(matured, logprobs, self.model.lm_head.weight, cfg)
         else:
-            feedback = FastState.no_feedback(verdict.counts.shape[0], self.model.config.hidden_size, logprobs.device)
+            feedback = FastState.no_feedback(verdict.counts.shape[0], self.model.config.hidden_size, verdict.counts.device)
         resets = fast.resets
         fast.update(feedback, verdict.counts, cfg)
         s = self.stats
@@ -328,13 +356,14 @@ class SpecDecoder:
         s = self.stats
         s["verify_steps"] += 1
         s["budget_per_step"].append(budget)
+        if budget == 1:  # one token per row, nothing accepted: no need to read the verdict
+            s["tokens_per_step"][1] += verdict.counts.shape[0]
+            return
         s["tokens_per_step"].update(verdict.counts.tolist())
         if on_chain is not None:
             # Of the emitted tokens on the chain, those before the bonus token were accepted drafts.
             as_draft = torch.arange(on_chain.shape[1], device=on_chain.device)[None] < (verdict.counts - 1)[:, None]
             s["lookup_accepted"] += int((on_chain & as_draft).sum())
-        if budget == 1:
-            return
         emitted = int(verdict.counts.sum())
         s["drafted_response_steps"] += verdict.counts.shape[0]
         s["drafted_tokens"] += emitted
@@ -344,6 +373,30 @@ class SpecDecoder:
         for d, (a, r) in enumerate(zip(acc.sum(0).tolist(), reached.sum(0).tolist())):
             s["accepted_by_depth"][d] += a
             s["reached_by_depth"][d] += r
+
+
+def node_bucket(nodes: int, max_nodes: int) -> int:
+    """Nodes a verify forward runs with for a tree of `nodes` (root included): the next power of two."""
+    return min(1 << (nodes - 1).bit_length(), max_nodes)
+
+
+def padded_tree_inputs(roots: torch.Tensor, tree, nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token ids [B, nodes], depths [B, nodes] and ancestor mask [B, nodes, nodes] of every row's
+    root and tree, padded with nodes that see only themselves (their outputs are dropped)."""
+    pad = nodes - 1 - tree.num_drafts
+    ids = torch.nn.functional.pad(torch.cat((roots[:, None], tree.tokens), dim=1), (0, pad))
+    depths = torch.nn.functional.pad(torch.cat((torch.zeros_like(roots[:, None]), tree.depths), 1), (0, pad))
+    mask = tree_attention_mask(tree)
+    if pad:
+        mask = torch.nn.functional.pad(mask, (0, pad, 0, pad))
+        mask |= torch.eye(nodes, dtype=torch.bool, device=mask.device)
+    return ids, depths, mask
+
+
+def tree_forward(model, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor, span: int):
+    """The verify forward at a fixed shape: logits and hidden states [B, nodes, ...] of every node."""
+    out = model(ids, position_ids=positions, cache=cache, new_token_mask=mask, span=span)
+    return out.logits, out.hidden
 
 
 def blend(average: torch.Tensor, observed: torch.Tensor, momentum: float) -> torch.Tensor:

@@ -151,7 +151,3 @@ def tree_attention_mask(tree: DraftTree) -> torch.Tensor:
         mask[:, i] |= mask[rows, tree.parents[:, i - 1]]
     return mask
 
-
-def root_only_tree(batch: int, device) -> DraftTree:
-    empty = torch.zeros(batch, 0, dtype=torch.long, device=device)
-    return DraftTree(empty, empty, empty, empty.bool(), empty.float())

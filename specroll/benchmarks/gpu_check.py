@@ -1,0 +1,187 @@
+"""One short GPU run that measures the decode step against the hardware's floors, as JSON.
+
+For each model shape, dtype and batch size: plain decoding eager and with the compiled step
+(CUDA graphs on a GPU), decode milliseconds per step with prefill apart, against the
+weight-read floor (parameter bytes / copy bandwidth) and the matmul floor (the step's FLOPs /
+the best matmul throughput). Shapes: SmolLM2-135M (its weights when installed, else random
+weights of its shape) at batch 1 and 32, Qwen2.5-1.5B's shape with random weights in bf16 at
+batch 64. Then `spec_vs_plain` quick, eager and compiled, where SmolLM2's weights exist.
+Designed to finish in under 8 minutes on one H200; `--dry-run` runs tiny models on the CPU.
+
+    python -m specroll.benchmarks.gpu_check --json gpu_check.json
+    python -m specroll.benchmarks.gpu_check --dry-run --json /tmp/gpu_check.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..models import build_tiny_model, load_causal_lm, resolve_device, synchronize
+from ..rollout import RolloutEngine, SamplingParams
+from .floors import decode_step_flops, matmul_gflops, memory_bandwidth_gbs, weight_bytes_per_step
+
+SMOLLM2 = "smollm2-135m-instruct"
+# Architectures as in their Hugging Face configs (random weights: the timing needs only the shape).
+SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                     num_kv_heads=3, head_dim=64, max_position_embeddings=2048, tie_word_embeddings=True,
+                     rope_theta=100000.0, rms_norm_eps=1e-5)
+QWEN2_5_1_5B_SHAPE = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
+                          num_kv_heads=2, head_dim=128, max_position_embeddings=32768, tie_word_embeddings=True,
+                          qkv_bias=True, rope_theta=1000000.0)
+
+
+@dataclass
+class Case:
+    model: str  # a name for the shape
+    dtype: str
+    batch_size: int
+    prompt_len: int
+    new_tokens: int
+
+
+@dataclass
+class Timing:
+    case: Case
+    compiled: bool
+    decode_ms_per_step: float
+    decode_tokens_per_s: float
+    prefill_s: float
+    compile_s: float  # in the warm-up call
+    weight_floor_ms: float
+    matmul_floor_ms: float
+
+    def record(self) -> dict:
+        return asdict(self) | {"times_weight_floor": self.decode_ms_per_step / self.weight_floor_ms,
+                               "times_matmul_floor": self.decode_ms_per_step / self.matmul_floor_ms}
+
+
+def random_model(shape: dict, dtype: torch.dtype, device: torch.device):
+    """A model of `shape` with random weights, no stop token: every response runs to its cap."""
+    return build_tiny_model("qwen2" if shape.get("qkv_bias") else "llama", seed=0, eos_token_ids=[], **shape).to(
+        device=device, dtype=dtype)
+
+
+def smollm2(dtype: torch.dtype, device: torch.device, dry_run: bool):
+    """SmolLM2-135M-Instruct's weights if installed, else random ones of its shape (tiny for a dry run)."""
+    if dry_run:
+        return random_model({}, dtype, device), "tiny-llama"
+    try:
+        model, _ = load_causal_lm(SMOLLM2, dtype=dtype, device=device)
+        model.config.eos_token_ids = []  # time fixed-length responses
+        return model, SMOLLM2
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        print(f"SmolLM2 weights unavailable ({exc}); random weights of its shape")
+        return random_model(SMOLLM2_SHAPE, dtype, device), "smollm2-135m-shape"
+
+
+def time_case(model, case: Case, compiled: bool, floors: dict, device: torch.device) -> Timing:
+    engine = RolloutEngine(model, compile=compiled)
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, model.config.vocab_size, (case.batch_size, case.prompt_len), generator=generator).tolist()
+    params = SamplingParams(max_new_tokens=case.new_tokens, seed=0)
+    warm = engine.generate(prompts, params)  # compiles every shape the timed call meets
+    synchronize(device)
+    started = time.perf_counter()
+    out = engine.generate(prompts, params)
+    synchronize(device)
+    wall = time.perf_counter() - started
+    steps = out.stats["steps"]
+    decode_s = wall - out.stats["prefill_s"]
+    rows = sum(out.stats["active_rows_per_step"]) / max(steps, 1)
+    context = case.prompt_len + case.new_tokens / 2
+    matmul_floor_s = decode_step_flops(model, rows, context) / (floors["matmul_gflops"] * 1e9)
+    weight_floor_s = weight_bytes_per_step(model) / (floors["bandwidth_gbs"] * 1e9)
+    return Timing(case, compiled, decode_s / steps * 1e3, (out.stats["tokens"] - case.batch_size) / decode_s,
+                  out.stats["prefill_s"], warm.stats.get("compile_s", 0.0), weight_floor_s * 1e3, matmul_floor_s * 1e3)
+
+
+def measure_floors(device: torch.device, dtypes: set[str], dry_run: bool) -> dict:
+    size = 256 if dry_run else 4096
+    return {"bandwidth_gbs": memory_bandwidth_gbs(device, megabytes=16 if dry_run else 1024),
+            "matmul_gflops_by_dtype": {d: matmul_gflops(device, getattr(torch, d), size=size) for d in dtypes}}
+
+
+def spec_vs_plain_quick(device: torch.device, dry_run: bool) -> dict:
+    """Speculative vs plain decoding, eager and compiled, where SmolLM2's weights are installed."""
+    from . import spec_vs_plain
+
+    if dry_run:
+        return {"skipped": "dry run"}
+    try:
+        load_causal_lm(SMOLLM2, dtype="float32", device="cpu")
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        return {"skipped": f"SmolLM2 weights unavailable: {exc}"}
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    return spec_vs_plain.main(["--concurrency", "1", "8", "32", "--grpo", "8x8", "--max-new-tokens", "128",
+                               "--budget", "concurrency", "--dtype", dtype, "--device", str(device), "--compile"])
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    parser.add_argument("--json", type=Path, default=Path("gpu_check.json"))
+    parser.add_argument("--dry-run", action="store_true", help="tiny models and few tokens (checks the script on a CPU)")
+    parser.add_argument("--no-compile", action="store_true", help="eager only")
+    parser.add_argument("--no-spec", action="store_true", help="skip spec_vs_plain")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    bf16 = "bfloat16" if device.type == "cuda" or args.dry_run else "float32"
+    if args.dry_run:
+        cases = [(Case("tiny-llama", "float32", b, 8, 6), None) for b in (1, 4)]
+        cases.append((Case("tiny-qwen2", bf16, 4, 8, 6), {"qkv_bias": True, "tie_word_embeddings": True}))
+    else:
+        small = "bfloat16" if device.type == "cuda" else "float32"
+        cases = [(Case("smollm2", small, b, 128, 128), None) for b in (1, 32)]
+        cases.append((Case("qwen2.5-1.5b-shape", bf16, 64, 128, 128), QWEN2_5_1_5B_SHAPE))
+    floors = measure_floors(device, {c.dtype for c, _ in cases}, args.dry_run)
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "floors": floors, "timings": [], "errors": []}
+
+    def write() -> None:
+        args.json.write_text(json.dumps(result, indent=1))
+
+    models: dict[tuple, tuple] = {}
+    for case, shape in cases:
+        dtype = getattr(torch, case.dtype)
+        key = (case.model, case.dtype)
+        if key not in models:
+            models[key] = (random_model(shape, dtype, device), case.model) if shape is not None else \
+                smollm2(dtype, device, args.dry_run)
+        model, name = models[key]
+        case.model = name
+        case_floors = {"bandwidth_gbs": floors["bandwidth_gbs"], "matmul_gflops": floors["matmul_gflops_by_dtype"][case.dtype]}
+        for compiled in (False,) if args.no_compile else (False, True):
+            try:
+                timing = time_case(model, case, compiled, case_floors, device)
+            except Exception:  # one failing case must not lose the others' measurements
+                result["errors"].append({"case": asdict(case), "compiled": compiled, "error": traceback.format_exc()})
+                print(result["errors"][-1]["error"])
+                continue
+            result["timings"].append(timing.record())
+            print(f"{name} {case.dtype} batch {case.batch_size} {'compiled' if compiled else 'eager'}: "
+                  f"{timing.decode_ms_per_step:.2f} ms/step ({timing.decode_tokens_per_s:.0f} tok/s), "
+                  f"{timing.decode_ms_per_step / timing.weight_floor_ms:.2f}x weight floor, "
+                  f"{timing.decode_ms_per_step / timing.matmul_floor_ms:.2f}x matmul floor, compile {timing.compile_s:.0f} s")
+            write()
+    if not args.no_spec:
+        try:
+            result["spec_vs_plain"] = spec_vs_plain_quick(device, args.dry_run)
+        except Exception:
+            result["errors"].append({"case": "spec_vs_plain", "error": traceback.format_exc()})
+    write()
+    print(f"wrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

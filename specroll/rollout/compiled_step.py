@@ -1,0 +1,54 @@
+"""A step function run compiled (torch.compile on every device, CUDA graphs on GPUs) or eager.
+
+The functions wrapped here take fixed shapes (batch and attended span bucketed by the
+caller) and never read a tensor on the host, so one compiled graph (dynamic in those sizes)
+serves every step, and on a GPU a step of each shape replays as one CUDA graph (as in
+gpt-fast). Inductor
+caches compiled kernels on disk (`TORCHINDUCTOR_CACHE_DIR`), so later runs compile faster.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+class StepFunction:
+    """`fn`, compiled when `compiled`; records the seconds spent in calls that compiled a graph."""
+
+    def __init__(self, fn, compiled: bool, device: torch.device) -> None:
+        self.compiled = compiled
+        self.on_cuda = torch.device(device).type == "cuda"
+        self.compile_s = 0.0  # wall time of the calls that compiled (tracing, codegen, the first run)
+        self.compiles = 0
+        if compiled:
+            # reduce-overhead captures CUDA graphs (one per shape); on a CPU there are none to
+            # capture. Dynamic sizes: one graph serves every batch bucket and attended span.
+            self.fn = torch.compile(fn, mode="reduce-overhead" if self.on_cuda else "default", fullgraph=True,
+                                    dynamic=True)
+        else:
+            self.fn = fn
+
+    def __call__(self, *args):
+        if not self.compiled:
+            return self.fn(*args)
+        if self.on_cuda:
+            # Outputs of the previous replay have been consumed: its buffers may be reused.
+            torch.compiler.cudagraph_mark_step_begin()
+        before, started = graphs_compiled(), time.perf_counter()
+        out = self.fn(*args)
+        if graphs_compiled() != before:
+            self.compile_s += time.perf_counter() - started
+            self.compiles += 1
+        return out
+
+    def pop(self) -> dict:
+        """Graphs compiled since the last pop and the seconds of the calls that compiled them."""
+        out = {"compile_s": self.compile_s, "compiles": self.compiles}
+        self.compile_s, self.compiles = 0.0, 0
+        return out

@@ -1,0 +1,135 @@
+"""The fixed-shape decode step: compiled equals eager, no host reads per step, bucketing and
+the bookkeeping cadence never change what is generated."""
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import contextmanager
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from specroll.models import build_tiny_model
+from specroll.rollout import RolloutEngine, SamplingParams
+from specroll.rollout.engine import batch_bucket
+from specroll.spec import SpecConfig
+
+EOS_IDS = [1, 2, 3]
+PROMPTS = [[5, 9, 13], [7, 8, 20, 21, 22, 23, 24, 25], [30, 31]]
+# Ops whose result size or value the host must read: each is a sync on a GPU.
+HOST_READ_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique_consecutive",
+                 "aten::_unique2", "aten::repeat_interleave"}
+HOST_READ_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+@pytest.fixture(scope="module")
+def model():
+    # Responses end by themselves every ~20 tokens, so rows finish at many different steps.
+    return build_tiny_model("llama", seed=0, init_std=0.2, eos_token_ids=EOS_IDS)
+
+
+class HostReads(TorchDispatchMode):
+    """Counts every op that makes the host wait for a tensor's value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        bool_index = name.startswith("aten::index") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()) if i is not None)
+        if name in HOST_READ_OPS or bool_index:
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def counting_host_reads():
+    """Host reads by aten op and by the tensor methods that read values on the host."""
+    mode = HostReads()
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READ_METHODS}
+
+    def counted(name, method):
+        def wrapper(self, *args, **kwargs):
+            mode.counts[name] += 1
+            return method(self, *args, **kwargs)
+        return wrapper
+
+    for name, method in originals.items():
+        setattr(torch.Tensor, name, counted(name, method))
+    try:
+        with mode:
+            yield mode.counts
+    finally:
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, method)
+
+
+def test_batch_bucket_is_the_power_of_two_that_holds_the_live_rows_below_the_current_size():
+    assert [batch_bucket(live, 64) for live in (64, 33, 32, 17, 16, 9, 2, 1)] == [64, 64, 32, 32, 16, 16, 2, 1]
+    assert [batch_bucket(live, 48) for live in (48, 33, 32, 5)] == [48, 48, 32, 8]
+
+
+def host_reads(engine: RolloutEngine, max_new_tokens: int) -> int:
+    with counting_host_reads() as counts:
+        out = engine.generate(PROMPTS, SamplingParams(max_new_tokens=max_new_tokens, n=4, seed=1))
+    assert "stop" in out.finish_reasons and "length" in out.finish_reasons
+    return sum(counts.values())
+
+
+def test_a_decode_step_reads_nothing_on_the_host(model):
+    """With bookkeeping reads only at the start and the end, host reads per generate call do
+    not grow with the number of steps; the speculative decoder, which reads every step, is
+    the control that shows the count sees reads."""
+    plain = RolloutEngine(model, sync_every=1000)
+    assert host_reads(plain, 12) == host_reads(plain, 36), "a plain decode step reads on the host"
+    speculative = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="fixed", fixed_nodes=1))
+    assert host_reads(speculative, 36) > host_reads(speculative, 12)
+
+
+def test_bucketing_and_sync_cadence_never_change_the_output(model):
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=30, n=3)
+    sampled = SamplingParams(max_new_tokens=30, n=4, seed=5, top_p=0.9)
+    for params in (greedy, sampled):
+        outs = [RolloutEngine(model, sync_every=k).generate(PROMPTS, params) for k in (1, 4, 1000)]
+        alone = [RolloutEngine(model, sync_every=1).generate([p], params, prompt_keys=[i]) for i, p in enumerate(PROMPTS)]
+        for out in outs[1:] + [merge(alone)]:
+            assert out.token_ids == outs[0].token_ids
+            assert out.finish_reasons == outs[0].finish_reasons
+            for a, b in zip(out.logprobs, outs[0].logprobs):
+                assert a == pytest.approx(b, abs=1e-5)
+        assert outs[0].stats["active_rows_per_step"] == outs[2].stats["active_rows_per_step"]
+
+
+def merge(outs):
+    first = outs[0]
+    for out in outs[1:]:
+        first.token_ids += out.token_ids
+        first.logprobs += out.logprobs
+        first.finish_reasons += out.finish_reasons
+    return first
+
+
+def test_compiled_step_generates_what_the_eager_step_does(model):
+    """torch.compile on a tiny model: greedy outputs identical, sampled ones too (the same
+    uniforms; a reordered float sum moves a log-prob by ~1e-7, not a sample)."""
+    eager, compiled = RolloutEngine(model, sync_every=4), RolloutEngine(model, compile=True, sync_every=4)
+    for params in (SamplingParams(temperature=0.0, max_new_tokens=24, n=3), SamplingParams(max_new_tokens=24, n=3, seed=3)):
+        a, b = eager.generate(PROMPTS, params), compiled.generate(PROMPTS, params)
+        assert a.token_ids == b.token_ids and a.finish_reasons == b.finish_reasons
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert x == pytest.approx(y, abs=1e-4)
+        assert b.stats["compiles"] >= 1 and b.stats["compile_s"] > 0
+    assert compiled.generate(PROMPTS, params).stats["compiles"] == 0, "a repeated call recompiles"
+
+
+def test_compiled_verify_forward_generates_what_the_eager_one_does(model):
+    """The speculative engine with compiled steps (tree verify forwards padded to node-count
+    buckets, and the plain step): greedy outputs identical to eager."""
+    spec = SpecConfig(heads_path=None, budget="fixed", fixed_nodes=6, max_nodes=8)
+    params = SamplingParams(temperature=0.0, max_new_tokens=20, n=2)
+    eager = RolloutEngine(model, spec=spec).generate(PROMPTS, params)
+    compiled = RolloutEngine(model, spec=spec, compile=True).generate(PROMPTS, params)
+    assert compiled.token_ids == eager.token_ids and compiled.finish_reasons == eager.finish_reasons
+    assert compiled.stats["verify_steps"] == eager.stats["verify_steps"]
