@@ -47,6 +47,7 @@ class RolloutActor:
         self.model, self.tokenizer = model, tokenizer
         self.engine = RolloutEngine(model, tokenizer, spec=cfg.rollout.decoding)
         self.policy_version: int | None = None  # the initial weights are not a learner version yet
+        self.last_stats: dict | None = None  # the last generate call's engine stats
         online = cfg.rollout.fastgrpo.online
         self.drafter_learner = (OnlineDrafterLearner(self.engine.decoder.drafter, model, online, seed=cfg.seed + index)
                                 if cfg.rollout.mode == "fastgrpo" and online.enabled else None)
@@ -85,6 +86,11 @@ class RolloutActor:
         self.engine.decoder.set_heads(heads)
         return version
 
+    def last_rollout_stats(self) -> dict | None:
+        """The engine stats of the last generate call (per decode step: `active_rows_per_step`, and
+        `budget_per_step` when drafting), for benchmarks; None before any."""
+        return self.last_stats
+
     def drafter_state(self) -> dict | None:
         """The FastGRPO drafter's online-learning state (weights, optimiser) on the CPU; None without one."""
         return None if self.drafter_learner is None else self.drafter_learner.state_dict()
@@ -107,6 +113,7 @@ class RolloutActor:
         params = self.cfg.rollout.sampling_params(seed=self.cfg.seed)
         out = self.engine.generate(prompts, params, prompt_keys=[prompt_key(step, i) for i, _ in problems])
         generated = time.perf_counter()
+        self.last_stats = out.stats
         texts = self.tokenizer.batch_decode(out.token_ids, skip_special_tokens=True)
         golds = [problem.answer for _, problem in problems for _ in range(params.n)]
         rewards = [score_response(text, gold, self.cfg.data.reward) for text, gold in zip(texts, golds)]
