@@ -31,7 +31,8 @@ from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.data import PromptStream, load_problems
 from specroll.learner import latest_checkpoint, latest_intact_checkpoint, verify_checkpoint
 from specroll.models import resolve_checkpoint
-from specroll.telemetry import MetricsLogger, StepProgress, response_metrics, summarize_rollout_stats
+from specroll.telemetry import (MetricsLogger, StepProgress, drafter_update_metrics, response_metrics,
+                                summarize_rollout_stats)
 from specroll.telemetry import metric_names as m
 from specroll.telemetry.history import STEP_KEY, RunHistory, read_run
 from specroll.telemetry.plots import plot_run_curves
@@ -237,6 +238,7 @@ def step_metrics(rollouts: Rollouts, trained: dict, heads: dict, weight_sync_s: 
                                rollouts.correct)
     metrics[m.ROLLOUT_POLICY_VERSION] = float(rollouts.policy_version)
     metrics.update(summarize_rollout_stats(rollouts.engine_stats, rollouts.head_version))
+    metrics.update(drafter_update_metrics(rollouts.drafter_updates))
     metrics.update(trained["metrics"])
     metrics.update(heads)
     metrics.update({

@@ -183,6 +183,17 @@ def collect_decisions(steps: list[tuple] | None, out, probs_per_response: list[n
     )
 
 
+def decisions_of(oracle, prompts: list[list[int]], out, recorder, params, n: int) -> Decisions:
+    """Every kept token of a generate call on `prompts` (`n` responses each) with its reference
+    distribution; rows near a top-k / top-p cut-off left out. recorder None: plain decoding."""
+    logits = []
+    for i, prompt in enumerate(prompts):
+        logits += teacher_forced_logits(oracle, prompt, out.token_ids[i * n : (i + 1) * n])
+    probs = [reference_probs(x, params.temperature, params.top_k, params.top_p) for x in logits]
+    near = np.concatenate([near_cutoff(x, params.temperature, params.top_k, params.top_p) for x in logits])
+    return collect_decisions(recorder and recorder.steps, out, probs).select(~near)
+
+
 def multinomial_sum_test(observed: np.ndarray, probs: np.ndarray) -> float:
     """p-value that one-hot outcomes `observed` [N, C] are independent draws from `probs` [N, C].
 

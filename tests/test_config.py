@@ -8,9 +8,11 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
 from specroll.configs import ModelSection, TrainConfig, load_train_config, validate_against_model
+from specroll.fastgrpo import FastGRPOConfig, OnlineConfig
 from specroll.learner import LearnerConfig
 from specroll.models import build_tiny_model, tiny_config
 from specroll.spec import SpecConfig
+from specroll.spec.config import ADAPTATION_MODES
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SHARED_GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
@@ -32,8 +34,12 @@ def group_options(group: str) -> list[str]:
 def test_default_composition_is_exactly_the_dataclass_defaults():
     cfg = composed()
     assert load_train_config(cfg) == TrainConfig()
-    # The YAML mirrors every field, so a user sees every knob where the defaults live.
-    assert OmegaConf.to_container(cfg, resolve=True) == TrainConfig().to_dict()
+    # The YAML mirrors every field, so a user sees every knob where the defaults live; the
+    # FastGRPO baseline's knobs live in rollout/fastgrpo.yaml, mirrored there in full.
+    expected = TrainConfig().to_dict()
+    fastgrpo = expected["rollout"].pop("fastgrpo")
+    assert OmegaConf.to_container(cfg, resolve=True) == expected
+    assert OmegaConf.to_container(composed(["rollout=fastgrpo"]), resolve=True)["rollout"]["fastgrpo"] == fastgrpo
 
 
 @pytest.mark.parametrize(
@@ -53,6 +59,18 @@ def test_command_line_overrides_reach_the_dataclasses():
     params = cfg.rollout.sampling_params(seed=3)
     assert (params.max_new_tokens, params.n, params.seed) == (64, 8, 3)
     assert load().rollout.speculation == SpecConfig()
+
+
+@pytest.mark.parametrize("adaptation", ADAPTATION_MODES)
+def test_rollout_modes_and_adaptations_switch_by_override(adaptation):
+    """What the comparison command races: rollout=vanilla | fastgrpo | specroll with each adaptation."""
+    fast = load(["rollout=fastgrpo", "rollout.fastgrpo.capacity=32", "rollout.fastgrpo.online.enabled=false"])
+    assert fast.rollout.mode == "fastgrpo" and fast.rollout.speculation is None
+    assert fast.rollout.decoding == FastGRPOConfig(capacity=32, online=OnlineConfig(enabled=False))
+    assert fast.rollout.max_tokens_per_step == 32
+    spec = load([f"rollout.spec.adaptation={adaptation}"])
+    assert spec.rollout.decoding is spec.rollout.speculation and spec.rollout.spec.adaptation == adaptation
+    assert load(["rollout=vanilla"]).rollout.decoding is None
 
 
 def test_learner_follows_the_rollout_temperature_and_the_run_seed():
@@ -87,7 +105,10 @@ def test_experiments_override_groups_and_top_level_values():
         (["rollout.n=1"], "rollout.n must be >= 2"),
         (["rollout.sync_every=0"], "rollout.sync_every must be >= 1"),
         (["rollout.temperature=0"], "rollout.temperature must be > 0"),
-        (["rollout.mode=turbo"], "rollout.mode must be one of 'vanilla', 'specroll'"),
+        (["rollout.mode=turbo"], "rollout.mode must be one of 'vanilla', 'specroll', 'fastgrpo'"),
+        (["rollout=fastgrpo", "rollout.fastgrpo.online.lr=0"], "rollout.fastgrpo.online.lr must be > 0"),
+        (["rollout=fastgrpo", "rollout.fastgrpo.max_nodes=1"], "rollout.fastgrpo.max_nodes must be >= 2"),
+        (["rollout.spec.adaptation=sometimes"], "rollout.spec.adaptation must be one of"),
         (["model.dtype=int8"], "model.dtype must be one of"),
         (["model.name=tiny-gpt2"], "model.name 'tiny-gpt2' is not a tiny model"),
         (["model.tokenizer=smollm2-135m-instruct"], "model.tokenizer is only for tiny-* models"),
@@ -103,6 +124,8 @@ def test_experiments_override_groups_and_top_level_values():
         (["+num_steps=3"], "num_steps: unknown key"),
         (["data=gsm8k", "data.path=/nonexistent/gsm8k/train.jsonl"], "data.path: file not found: /nonexistent/gsm8k/train.jsonl"),
         (["rollout.spec.heads_path=/nonexistent/heads.pt"], "rollout.spec.heads_path: file not found"),
+        (["rollout=fastgrpo", "rollout.fastgrpo.drafter_path=/nonexistent/d.safetensors"],
+         "rollout.fastgrpo.drafter_path: file not found"),
         (["model.name=/nonexistent/model.gguf"], "model.name: file not found"),
         (["model=tiny", "model.tokenizer=./nonexistent"], "model.tokenizer: file not found"),
         (["resume=/nonexistent/step_00000010"], "resume: checkpoint not found"),
@@ -145,6 +168,8 @@ def test_context_limits_are_checked_against_the_model():
     validate_against_model(load(["experiment=smoke"]), tiny)
     with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) \+ rollout.spec.max_nodes \(16\) = 272 exceeds"):
         validate_against_model(load(), tiny)
+    with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) \+ rollout.fastgrpo.max_nodes \(160\) = 416"):
+        validate_against_model(load(["rollout=fastgrpo"]), tiny)
     with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) leaves no room for a prompt"):
         validate_against_model(load(["rollout=vanilla"]), tiny)
     with pytest.raises(ValueError, match=r"learner.max_seq_len \(1024\) exceeds the context"):

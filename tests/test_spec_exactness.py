@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from exactness import (DecisionRecorder, bonferroni_min, collect_decisions, exactness_pvalues, hf_oracle, near_cutoff,
-                       reference_probs, teacher_forced_logits)
+from exactness import DecisionRecorder, bonferroni_min, decisions_of, exactness_pvalues, hf_oracle
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens
 from specroll.spec import HorizonHeads, SpecConfig
@@ -133,17 +132,6 @@ def speculative_rollout(model, heads, setting: Setting, rule=verify_tree):
     return engine.generate(PROMPTS, params), recorder, params
 
 
-def decisions_of(oracle, out, recorder, params, n: int):
-    """Every kept token with its reference distribution; rows near a top-k / top-p cut-off left out.
-    recorder None: plain decoding."""
-    logits = []
-    for i, prompt in enumerate(PROMPTS):
-        logits += teacher_forced_logits(oracle, prompt, out.token_ids[i * n : (i + 1) * n])
-    probs = [reference_probs(x, params.temperature, params.top_k, params.top_p) for x in logits]
-    near = np.concatenate([near_cutoff(x, params.temperature, params.top_k, params.top_p) for x in logits])
-    return collect_decisions(recorder and recorder.steps, out, probs).select(~near)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def profile_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
@@ -160,7 +148,7 @@ def rollouts(model, oracle, heads):
         if name not in made:
             setting = SETTINGS[name]
             out, recorder, params = speculative_rollout(model, heads[setting.heads], setting)
-            made[name] = out, decisions_of(oracle, out, recorder, params, setting.n)
+            made[name] = out, decisions_of(oracle, PROMPTS, out, recorder, params, setting.n)
         return made[name]
 
     return get
@@ -202,7 +190,7 @@ def test_tokens_follow_the_policy_across_a_head_update(model, oracle, heads):
     setting = Setting(dict(temperature=1.0), "path-random",
                       dict(budget="fixed", fixed_nodes=8, adaptation="both", reflex=ReflexConfig(mode="code", scale=300.0)))
     first, recorder, params = speculative_rollout(model, heads[setting.heads], setting)
-    before = decisions_of(oracle, first, recorder, params, setting.n)
+    before = decisions_of(oracle, PROMPTS, first, recorder, params, setting.n)
     consolidator = HeadConsolidator(heads[setting.heads], "every_step", DriftConfig(), ConsolidationConfig(lr=3e-3, steps=20))
     asked = consolidator.observe(*recorder.decoder.pop_head_records(), policy_version=0)
     update = consolidator.update(asked, model.lm_head.weight, model.embed_tokens.weight)
@@ -211,7 +199,7 @@ def test_tokens_follow_the_policy_across_a_head_update(model, oracle, heads):
     recorder.steps.clear()
     params = replace(params, seed=1)
     second = recorder.engine.generate(PROMPTS, params)
-    after = decisions_of(oracle, second, recorder, params, setting.n)
+    after = decisions_of(oracle, PROMPTS, second, recorder, params, setting.n)
     assert second.stats["tokens_per_step_mean"] > first.stats["tokens_per_step_mean"]  # the update drafts better
     for dec in (before, after):
         assert bonferroni_min(exactness_pvalues(dec, NUM_HEADS)) > PASS_P
@@ -239,7 +227,7 @@ def test_plain_sampling_follows_the_policy(model, oracle):
     n = 1500
     params = SamplingParams(n=n, max_new_tokens=NEW_TOKENS, seed=1, temperature=0.7, top_p=0.9)
     out = RolloutEngine(model).generate(PROMPTS, params)
-    dec = decisions_of(oracle, out, None, params, n)
+    dec = decisions_of(oracle, PROMPTS, out, None, params, n)
     assert bonferroni_min(exactness_pvalues(dec, NUM_HEADS)) > PASS_P
 
 
@@ -326,7 +314,7 @@ def test_biased_acceptance_rules_are_rejected(model, oracle, heads, mutation, re
     rule, name = MUTATIONS[mutation]
     setting = SETTINGS[name]
     out, recorder, params = speculative_rollout(model, heads[setting.heads], setting, rule=rule)
-    pvalues = exactness_pvalues(decisions_of(oracle, out, recorder, params, setting.n), NUM_HEADS)
+    pvalues = exactness_pvalues(decisions_of(oracle, PROMPTS, out, recorder, params, setting.n), NUM_HEADS)
     record_property("pvalues", pvalues)
     print(f"{mutation} on {name}: Bonferroni min p {bonferroni_min(pvalues):.3g}")
     assert bonferroni_min(pvalues) < FAIL_P, pvalues

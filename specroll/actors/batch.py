@@ -56,6 +56,8 @@ class Rollouts:
     engine_stats: list[dict] = field(default_factory=list)  # `RolloutEngine.generate` stats, one per actor
     # Slow path: (HeadTelemetry, MaturedRecords or None) of each actor's generate call, for the consolidation actor.
     head_records: list[tuple] = field(default_factory=list)
+    # rollout=fastgrpo: each actor's online drafter update (`fastgrpo.online.DrafterUpdate`) after generating.
+    drafter_updates: list = field(default_factory=list)
     gen_s: float = 0.0  # slowest actor's generation time
     reward_s: float = 0.0  # slowest actor's scoring time
 
@@ -95,6 +97,7 @@ class Rollouts:
             correct=joined("correct"),
             engine_stats=joined("engine_stats"),
             head_records=joined("head_records"),
+            drafter_updates=joined("drafter_updates"),
             gen_s=max(p.gen_s for p in parts),
             reward_s=max(p.reward_s for p in parts),
         )

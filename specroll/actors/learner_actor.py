@@ -89,16 +89,16 @@ class LearnerActor:
         return [lp.tolist() for lp in self.learner.compute_logprobs(samples)]
 
     def save(self, root: str, step: int, data_position: dict, heads: dict | None, wandb_run_id: str | None,
-             run_config: dict, keep_last: int) -> str:
+             run_config: dict, keep_last: int, drafter: list | None = None) -> str:
         """Write the run checkpoint for `step` (completed steps) under `root`; returns its path."""
         path = save_checkpoint(self.learner, root, step, data_position=data_position, heads=heads,
-                               wandb_run_id=wandb_run_id, run_config=run_config, keep_last=keep_last)
+                               wandb_run_id=wandb_run_id, run_config=run_config, keep_last=keep_last, drafter=drafter)
         return str(path)
 
     def restore(self, path: str) -> dict:
         """Load a checkpoint into this rank; returns what the driver resumes from (step, data
-        position, heads, W&B run id, policy version)."""
+        position, heads, FastGRPO drafters, W&B run id, policy version)."""
         # The driver verified the files against the marker before starting us: hashing is not repeated per rank.
         state = load_checkpoint(self.learner, Path(path), verify=False)
         return {"step": state.step, "data_position": state.data_position, "heads": state.heads,
-                "wandb_run_id": state.wandb_run_id, "policy_version": state.policy_version, "path": str(state.path)}
+                "drafter": state.drafter, "wandb_run_id": state.wandb_run_id, "policy_version": state.policy_version, "path": str(state.path)}

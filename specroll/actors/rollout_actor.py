@@ -1,7 +1,9 @@
 """The rollout actor: a policy replica with draft heads and the speculative engine.
 
 Per step it generates `rollout.n` responses to each prompt of its shard, scores them, returns
-`Rollouts`, and sends the head-consolidation actor a `DriftRecord`. Policy weights and head
+`Rollouts`, and sends the head-consolidation actor a `DriftRecord`. With `rollout=fastgrpo` it
+then trains its FastGRPO drafter on the responses it just generated (online draft learning,
+paid for inside the step, as FastGRPO does). Policy weights and head
 weights arrive through their own calls, each with a version; Ray runs an actor's calls one at
 a time, so weights never change during a generate call, and a generate call names the policy
 version it expects, so a replica that missed an update refuses rather than mixing versions.
@@ -16,6 +18,7 @@ import torch
 
 from specroll.configs import TrainConfig, validate_against_model
 from specroll.data import Problem, format_prompt, math_reward, score_response
+from specroll.fastgrpo.online import OnlineDrafterLearner
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
 from specroll.models.flat_weights import FlatWeights
 from specroll.rollout import RolloutEngine
@@ -44,10 +47,14 @@ class RolloutActor:
         if tokenizer is None:
             raise ValueError("model.tokenizer must be set: prompts are formatted and responses scored as text")
         self.model, self.tokenizer = model, tokenizer
-        self.engine = RolloutEngine(model, tokenizer, spec=cfg.rollout.speculation, compile=cfg.rollout.compile,
+        self.engine = RolloutEngine(model, tokenizer, spec=cfg.rollout.decoding, compile=cfg.rollout.compile,
                                     sync_every=cfg.rollout.sync_every)
         self.policy_version: int | None = None  # the initial weights are not a learner version yet
         self.threads = phase_threads(cfg.cluster, node_cores()).rollout  # while generating
+        self.last_stats: dict | None = None  # the last generate call's engine stats
+        online = cfg.rollout.fastgrpo.online
+        self.drafter_learner = (OnlineDrafterLearner(self.engine.decoder.drafter, model, online, seed=cfg.seed + index)
+                                if cfg.rollout.mode == "fastgrpo" and online.enabled else None)
 
     @property
     def heads(self) -> HorizonHeads | None:
@@ -83,6 +90,21 @@ class RolloutActor:
         self.engine.decoder.set_heads(heads)
         return version
 
+    def last_rollout_stats(self) -> dict | None:
+        """The engine stats of the last generate call (per decode step: `active_rows_per_step`, and
+        `budget_per_step` when drafting), for benchmarks; None before any."""
+        return self.last_stats
+
+    def drafter_state(self) -> dict | None:
+        """The FastGRPO drafter's online-learning state (weights, optimiser) on the CPU; None without one."""
+        return None if self.drafter_learner is None else self.drafter_learner.state_dict()
+
+    def load_drafter_state(self, state: dict) -> None:
+        """Resume online learning from `drafter_state()`'s output (a checkpoint's)."""
+        if self.drafter_learner is None:
+            raise ValueError("this rollout actor learns no FastGRPO drafter online (rollout.mode, rollout.fastgrpo.online)")
+        self.drafter_learner.load_state_dict(state)
+
     def generate(self, step: int, policy_version: int, problems: list[tuple[int, Problem]]) -> Rollouts:
         """Responses to `problems` (each with its index in the step's batch) and their rewards."""
         if self.policy_version != policy_version:
@@ -96,6 +118,7 @@ class RolloutActor:
         params = self.cfg.rollout.sampling_params(seed=self.cfg.seed)
         out = self.engine.generate(prompts, params, prompt_keys=[prompt_key(step, i) for i, _ in problems])
         generated = time.perf_counter()
+        self.last_stats = out.stats
         texts = self.tokenizer.batch_decode(out.token_ids, skip_special_tokens=True)
         golds = [problem.answer for _, problem in problems for _ in range(params.n)]
         rewards = [score_response(text, gold, self.cfg.data.reward) for text, gold in zip(texts, golds)]
@@ -107,6 +130,12 @@ class RolloutActor:
             # Not waited on: telemetry must never stall rollouts.
             self.consolidation.record.remote(
                 DriftRecord.from_stats(out.stats, self.index, step, policy_version, head_version))
+        scored = time.perf_counter()
+        drafter_updates = []
+        if self.drafter_learner is not None:
+            data = decoder.pop_training_data(out.token_ids)
+            if data is not None:
+                drafter_updates.append(self.drafter_learner.update(data))
         return Rollouts(
             step=step,
             group_size=params.n,
@@ -121,8 +150,9 @@ class RolloutActor:
             correct=correct,
             engine_stats=[out.stats],
             head_records=head_records,
+            drafter_updates=drafter_updates,
             gen_s=generated - started,
-            reward_s=time.perf_counter() - generated,
+            reward_s=scored - generated,
         )
 
     @torch.inference_mode()

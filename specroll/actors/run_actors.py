@@ -158,15 +158,16 @@ class RunActors:
              keep_last: int) -> str:
         """A complete checkpoint of `step` finished steps: learner ranks, data position, heads, W&B id, config."""
         heads = self.consolidation.heads.remote() if self.consolidation is not None else None
+        drafter = self.rollout_call("drafter_state") if self.learns_drafter else None
         calls = [(learner_name(r), learner.save.remote(root, step, data_position, heads if r == 0 else None,
-                                                      wandb_run_id, run_config, keep_last))
+                                                      wandb_run_id, run_config, keep_last, drafter if r == 0 else None))
                  for r, learner in enumerate(self.learners)]
         return gather(calls, f"save_checkpoint (step {step})", self.timeout_s)[0]
 
     def restore(self, path: str) -> dict:
         """Load checkpoint `path` into every learner rank and its heads into the consolidation actor.
 
-        Returns rank 0's record: step, data_position, heads, wandb_run_id, policy_version, path.
+        Returns rank 0's record: step, data_position, heads, drafter, wandb_run_id, policy_version, path.
         """
         calls = [(learner_name(r), learner.restore.remote(path)) for r, learner in enumerate(self.learners)]
         resumed = gather(calls, f"load_checkpoint ({path})", self.timeout_s)[0]
@@ -174,7 +175,18 @@ class RunActors:
         if resumed["heads"] is not None and self.consolidation is not None:
             gather([(CONSOLIDATION, self.consolidation.set_heads.remote(resumed["heads"]))],
                    "set_heads (checkpointed heads)", self.timeout_s)
+        if resumed["drafter"] is not None and self.learns_drafter:
+            states = resumed["drafter"]
+            # Each actor resumes its own drafter; with another actor count, all take actor 0's.
+            calls = [(rollout_name(i), actor.load_drafter_state.remote(states[i if len(states) == len(self.rollout) else 0]))
+                     for i, actor in enumerate(self.rollout)]
+            gather(calls, "load_drafter_state (checkpointed FastGRPO drafters)", self.timeout_s)
         return resumed
+
+    @property
+    def learns_drafter(self) -> bool:
+        """rollout=fastgrpo with online learning: each rollout actor trains its own drafter."""
+        return self.cfg.rollout.mode == "fastgrpo" and self.cfg.rollout.fastgrpo.online.enabled
 
     def heads_metrics(self) -> dict[str, float]:
         """heads/version and timing_s/head_sync since the last call; empty without speculation."""

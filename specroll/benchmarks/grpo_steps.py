@@ -39,29 +39,48 @@ COLUMNS = (("gen_s", m.TIME_GEN), ("step_s", m.STEP_TIME_S), ("reward", m.REWARD
            ("accuracy", m.ACCURACY), ("resp_len", m.RESPONSE_LENGTH_MEAN), ("tok/verify", m.TOKENS_PER_STEP))
 
 
+def driver_settings(policy: str, dataset: str, data_path: str, prompts: int, n: int, max_new_tokens: int, steps: int,
+                    seed: int, run_dir: Path) -> list[str]:
+    """Hydra overrides of a short, fresh benchmark run of the driver (no checkpoints, no W&B)."""
+    settings = [
+        f"model.name={policy}",
+        f"data={dataset}",
+        f"data.prompts_per_step={prompts}", f"rollout.n={n}",
+        f"rollout.max_new_tokens={max_new_tokens}", f"learner.max_response_len={max_new_tokens}",
+        f"total_steps={steps}", "checkpoint_every=0", "logger=none", f"run_dir={run_dir}",
+        f"seed={seed}", "resume=never",
+    ]
+    if dataset == "gsm8k":
+        settings.append(f"data.path={data_path}")
+    return settings
+
+
+def run_driver(run_dir: Path, overrides: list[str], on_step_end=None) -> list[dict]:
+    """Every step's metrics of `specroll.train.run_training` with `overrides`, in a fresh `run_dir`.
+    `on_step_end(step, metrics, actors)` also sees each step."""
+    shutil.rmtree(run_dir, ignore_errors=True)  # a benchmark always starts fresh
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        cfg = load_train_config(compose("config", overrides=[f"run_dir={run_dir}", *overrides]))
+    steps: list[dict] = []
+
+    def collect(step: int, metrics: dict, actors) -> None:
+        steps.append(dict(metrics))
+        if on_step_end is not None:
+            on_step_end(step, metrics, actors)
+
+    run_training(cfg, on_step_end=collect)
+    return steps
+
+
 def run_mode(mode: str, args, overrides: list[str]) -> list[dict]:
     run_dir = Path(args.run_root) / mode
-    shutil.rmtree(run_dir, ignore_errors=True)  # a benchmark always starts fresh
-    settings = [
-        f"model.name={args.policy}",
-        f"rollout={mode}",
-        f"data={args.dataset}",
-        f"data.prompts_per_step={args.prompts}", f"rollout.n={args.n}",
-        f"rollout.max_new_tokens={args.max_new_tokens}", f"learner.max_response_len={args.max_new_tokens}",
-        f"total_steps={args.steps}", "checkpoint_every=0", "logger=none", f"run_dir={run_dir}",
-        f"seed={args.seed}", "resume=never",
-    ]
-    if args.dataset == "gsm8k":
-        settings.append(f"data.path={args.data_path}")
+    settings = driver_settings(args.policy, args.dataset, args.data_path, args.prompts, args.n, args.max_new_tokens,
+                               args.steps, args.seed, run_dir) + [f"rollout={mode}"]
     if mode == "specroll":
         settings.append(f"rollout.spec.heads_path={args.heads}")
     if mode != "specroll":  # vanilla rollouts have no spec section to override
         overrides = [o for o in overrides if not o.startswith(SPEC_PREFIX)]
-    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        cfg = load_train_config(compose("config", overrides=settings + overrides))
-    steps: list[dict] = []
-    run_training(cfg, on_step_end=lambda step, metrics, actors: steps.append(dict(metrics)))
-    return steps
+    return run_driver(run_dir, settings + overrides)
 
 
 def two_proportion_p(hits_a: float, n_a: float, hits_b: float, n_b: float) -> float:

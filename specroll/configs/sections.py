@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specroll.data import PROBLEM_SOURCES, RewardConfig, SyntheticConfig
+from specroll.fastgrpo import FastGRPOConfig
 from specroll.models import build_tiny_model, load_causal_lm, resolve_checkpoint, resolve_device, resolve_dtype
 from specroll.models.config import SUPPORTED_MODEL_TYPES
 from specroll.models.loading import DTYPES
@@ -18,7 +19,7 @@ from specroll.rollout import SamplingParams
 from specroll.spec import SpecConfig
 
 TINY_PREFIX = "tiny-"
-ROLLOUT_MODES = ("vanilla", "specroll")
+ROLLOUT_MODES = ("vanilla", "specroll", "fastgrpo")
 LOGGER_BACKENDS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
 
@@ -118,13 +119,16 @@ class DataSection:
 class RolloutSection:
     """How responses are sampled (vanilla or speculative decoding, which is exact)."""
 
-    mode: str = "specroll"  # vanilla: one token per step; specroll: speculative decoding with `spec`
+    # vanilla: one token per step; specroll: speculative decoding with `spec`; fastgrpo: the
+    # FastGRPO-style baseline with `fastgrpo` (its own drafter, SpecRoll's exact verification)
+    mode: str = "specroll"
     temperature: float = 1.0  # > 0; the learner scores responses at this temperature too
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
     max_new_tokens: int = 256  # response length cap in tokens
     n: int = 8  # responses per prompt: the GRPO group size, >= 2
     spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding; used when mode is specroll
+    fastgrpo: FastGRPOConfig = field(default_factory=FastGRPOConfig)  # the FastGRPO-style baseline; used when mode is fastgrpo
     # Run the plain decode step compiled (torch.compile; CUDA graphs on GPUs); false = eager.
     compile: bool = False
     sync_every: int = 8  # decode steps between host reads of which responses finished, >= 1
@@ -145,8 +149,20 @@ class RolloutSection:
 
     @property
     def speculation(self) -> SpecConfig | None:
-        """What `RolloutEngine(spec=...)` takes: the spec config, or None for vanilla decoding."""
+        """SpecRoll's config when mode is specroll (horizon heads, their consolidation), else None."""
         return self.spec if self.mode == "specroll" else None
+
+    @property
+    def decoding(self) -> SpecConfig | FastGRPOConfig | None:
+        """What `RolloutEngine(spec=...)` takes: the drafting mode's config, or None for vanilla decoding."""
+        return {"specroll": self.spec, "fastgrpo": self.fastgrpo}.get(self.mode)
+
+    @property
+    def max_tokens_per_step(self) -> int:
+        """Most tokens a decoding step appends per response (1 for vanilla)."""
+        if self.mode == "specroll":
+            return self.spec.max_nodes
+        return self.fastgrpo.max_tokens_per_step if self.mode == "fastgrpo" else 1
 
 
 @dataclass

@@ -143,6 +143,9 @@ def check_paths(cfg: TrainConfig) -> None:
     heads = cfg.rollout.spec.heads_path
     if cfg.rollout.mode == "specroll" and heads not in (None, "shipped") and not Path(heads).expanduser().is_file():
         raise ValueError(f"rollout.spec.heads_path: file not found: {Path(heads).expanduser()}")
+    drafter = cfg.rollout.fastgrpo.drafter_path
+    if cfg.rollout.mode == "fastgrpo" and drafter not in (None, "shipped") and not Path(drafter).expanduser().is_file():
+        raise ValueError(f"rollout.fastgrpo.drafter_path: file not found: {Path(drafter).expanduser()}")
     if cfg.resume not in RESUME_MODES and not Path(cfg.resume).expanduser().is_dir():
         raise ValueError(f"resume: checkpoint not found: {Path(cfg.resume).expanduser()} (or use 'auto' / 'never')")
 
@@ -152,12 +155,13 @@ def validate_against_model(cfg: TrainConfig, model_config: ModelConfig) -> None:
     context = model_config.max_position_embeddings
     where = f"the context of model.name {cfg.model.name!r} ({context} tokens)"
     rollout = cfg.rollout
-    if rollout.speculation is not None:
-        needed = rollout.max_new_tokens + rollout.spec.max_nodes
+    if rollout.decoding is not None:
+        needed = rollout.max_new_tokens + rollout.max_tokens_per_step
+        field_name = "rollout.spec.max_nodes" if rollout.mode == "specroll" else "rollout.fastgrpo.max_nodes"
         if needed > context:
             raise ValueError(
-                f"rollout.max_new_tokens ({rollout.max_new_tokens}) + rollout.spec.max_nodes "
-                f"({rollout.spec.max_nodes}) = {needed} exceeds {where}"
+                f"rollout.max_new_tokens ({rollout.max_new_tokens}) + {field_name} "
+                f"({rollout.max_tokens_per_step}) = {needed} exceeds {where}"
             )
     elif rollout.max_new_tokens >= context:
         raise ValueError(f"rollout.max_new_tokens ({rollout.max_new_tokens}) leaves no room for a prompt in {where}")

@@ -2,7 +2,8 @@
 
 A checkpoint `step_XXXXXXXX/` holds the DeepSpeed state (weights, optimizer, scheduler) of
 every rank, each rank's RNG states, and `state.json` with the step, policy version, data
-position, W&B run id and the resolved config; the draft-head weights go to `heads.pt`.
+position, W&B run id and the resolved config; the draft-head weights go to `heads.pt`, the
+FastGRPO-style drafters' online-learning states (rollout=fastgrpo) to `drafter.pt`.
 It is written as `step_XXXXXXXX.tmp/`, finished with a `COMPLETE` marker and renamed, so a
 crash mid-save leaves only a `.tmp` directory that `latest_checkpoint` never picks.
 
@@ -38,6 +39,7 @@ from specroll.models import ModelConfig, to_hf_state_dict
 COMPLETE_MARKER = "COMPLETE"
 STATE_FILE = "state.json"
 HEADS_FILE = "heads.pt"
+DRAFTER_FILE = "drafter.pt"
 DEEPSPEED_TAG = "deepspeed"
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8})$")
 # Fields that may change between save and resume without invalidating the saved state.
@@ -154,6 +156,7 @@ class ResumeState:
     heads: dict[str, Any] | None
     wandb_run_id: str | None
     config: dict[str, Any]
+    drafter: list[dict[str, Any]] | None = None  # per rollout actor: its FastGRPO drafter's online-learning state
 
 
 def checkpoint_dir(root: str | Path, step: int) -> Path:
@@ -273,6 +276,7 @@ def save_checkpoint(
     wandb_run_id: str | None = None,
     run_config: dict[str, Any] | None = None,
     keep_last: int | None = 3,
+    drafter: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write everything a run needs to resume at `step`; collective over the learner's ranks.
 
@@ -285,6 +289,7 @@ def save_checkpoint(
         wandb_run_id: to resume logging into the same W&B run.
         run_config: the run's whole resolved config (JSON-able), kept for the record.
         keep_last: keep this many newest checkpoints; None keeps all.
+        drafter: per rollout actor, its FastGRPO drafter's state (anything `torch.save` takes).
     """
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
@@ -309,6 +314,8 @@ def save_checkpoint(
         write_durably(tmp / STATE_FILE, json.dumps(state, indent=2))
         if heads is not None:
             torch.save(heads, tmp / HEADS_FILE)
+        if drafter is not None:
+            torch.save(drafter, tmp / DRAFTER_FILE)
         write_durably(tmp / COMPLETE_MARKER, CompletionMarker(step, file_records(tmp)).to_json())
         if final.exists():
             shutil.rmtree(final)
@@ -370,6 +377,8 @@ def load_checkpoint(learner, path: str | Path, verify: bool = True) -> ResumeSta
     restore_rng_file(rng_file)
     heads_file = path / HEADS_FILE
     heads = torch.load(heads_file, weights_only=True) if heads_file.is_file() else None
+    drafter_file = path / DRAFTER_FILE
+    drafter = torch.load(drafter_file, weights_only=True) if drafter_file.is_file() else None
     return ResumeState(
         path=path,
         step=int(state["step"]),
@@ -378,6 +387,7 @@ def load_checkpoint(learner, path: str | Path, verify: bool = True) -> ResumeSta
         heads=heads,
         wandb_run_id=state["wandb_run_id"],
         config=state["config"],
+        drafter=drafter,
     )
 
 

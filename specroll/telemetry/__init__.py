@@ -2,7 +2,7 @@
 from . import metric_names
 from .metric_names import acceptance_depth, check_metric_name, is_metric_name
 from .progress import StepProgress, step_summary
-from .rollout_stats import response_metrics, summarize_rollout_stats
+from .rollout_stats import drafter_update_metrics, response_metrics, summarize_rollout_stats
 from .sinks import ConsoleSink, JsonlSink, MetricsLogger, WandbSink, clean_metrics
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "acceptance_depth",
     "check_metric_name",
     "clean_metrics",
+    "drafter_update_metrics",
     "is_metric_name",
     "metric_names",
     "response_metrics",

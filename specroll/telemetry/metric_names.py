@@ -52,6 +52,8 @@ REFLEX_RECORDS = metric("spec/reflex_records", "draft records that matured into 
 REFLEX_RESETS = metric("spec/reflex_resets", "Reflex fast states reset by a feedback blow-up, all actors")
 REFLEX_GUARD_TRIPS = metric("spec/reflex_guard_trips", "times the guard switched Reflex off since the run began, summed over actors")
 REFLEX_TIME_FRAC = metric("spec/reflex_time_frac", "share of speculative step time spent on Reflex feedback")
+DRAFTER_UPDATES = metric("spec/drafter_updates", "online updates of the FastGRPO-style drafter since pretraining (rollout=fastgrpo)")
+DRAFTER_LOSS = metric("spec/drafter_loss", "FastGRPO-style drafter's training loss in the step's online update, mean over actors")
 
 # perf/*: throughput.
 GEN_TOKENS_PER_S = metric("perf/gen_tokens_per_s", "response tokens generated per second, all rollout actors together")
@@ -67,6 +69,8 @@ TIME_UPDATE = metric("timing_s/update", "the learner's update (all epochs and mi
 TIME_WEIGHT_SYNC = metric("timing_s/weight_sync", "sending new policy weights to the rollout actors")
 TIME_HEAD_SYNC = metric("timing_s/head_sync", "sending new draft-head weights to the rollout actors")
 TIME_CHECKPOINT = metric("timing_s/checkpoint", "saving a checkpoint (0 on steps without one)")
+TIME_DRAFTER_UPDATE = metric("timing_s/drafter_update",
+                             "online FastGRPO-style drafter learning in the rollout actors, in the step (slowest actor)")
 
 # train/*: `GRPOLearner.update`; per-token values are means over valid response tokens.
 STEP = metric("train/step", "the training step (0-based): the x-axis W&B draws every metric against")

@@ -84,6 +84,16 @@ def reflex_metrics(parts: Sequence[Mapping], spent_s: float) -> dict[str, float]
     return out
 
 
+def drafter_update_metrics(updates: Sequence) -> dict[str, float]:
+    """`timing_s/drafter_update` and `spec/drafter_*` of the rollout actors' online drafter updates
+    (`fastgrpo.online.DrafterUpdate`s); empty without any. Actors update in parallel: the slowest one's seconds."""
+    if not updates:
+        return {}
+    return {m.TIME_DRAFTER_UPDATE: max(u.seconds for u in updates),
+            m.DRAFTER_UPDATES: float(max(u.updates for u in updates)),
+            m.DRAFTER_LOSS: mean([u.loss for u in updates])}
+
+
 def response_metrics(
     lengths: Sequence[int],
     finish_reasons: Sequence[str],
