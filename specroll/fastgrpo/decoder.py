@@ -147,7 +147,7 @@ class FastGRPODecoder:
         """Put the verified entries into the drafter's cache; returns the predicted feature at the root [B, D]."""
         batch, width = call.tokens.shape
         positions = base[:, None] - call.counts[:, None] + torch.arange(width, device=base.device)
-        slots = call.cache.append_slots(width)
+        slots = call.cache.append_slots(batch, width)
         causal = torch.ones(width, width, dtype=torch.bool, device=base.device).tril().expand(batch, width, width)
         predicted = self.drafter(call.features, self.model.embed_tokens(call.tokens), positions, call.cache, slots,
                                  call.cache.attention_mask(causal))
