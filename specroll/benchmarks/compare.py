@@ -232,6 +232,15 @@ def concurrency_points(race: Race, args) -> list[ConcurrencyPoint]:
                            if race.dataset == "gsm8k" else Path("/nonexistent"))
     engines = {mode: RolloutEngine(model, tokenizer, spec=engine_decoding(mode, race, model, args))
                for mode in ENGINE_MODES if mode in args.modes}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.engine_threads)  # as a rollout actor's engine runs (one thread per reserved CPU)
+    try:
+        return measure_concurrency(race, engines, pool, args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure_concurrency(race: Race, engines: dict[str, RolloutEngine], pool: list[list[int]], args) -> list[ConcurrencyPoint]:
     points = []
     for c in args.concurrency:
         prompts = (pool * c)[:c]
@@ -278,7 +287,7 @@ def markdown_table(comparison: Comparison) -> str:
             rows = sorted({p.concurrency for p in points})
             modes = list(dict.fromkeys(p.mode for p in points))
             lines += ["", f"Generation speedup over vanilla at fixed concurrency, engine only ({race}):", "",
-                      "| mode | " + " | ".join(f"{c} rows" for c in rows) + " |", "|---|" + "---|" * len(rows)]
+                      "| mode | " + " | ".join(f"concurrency {c}" for c in rows) + " |", "|---|" + "---|" * len(rows)]
             for mode in modes:
                 by_c = {p.concurrency: p for p in points if p.mode == mode}
                 lines.append(f"| {mode} | " + " | ".join(fmt(by_c[c].speedup, suffix="x") if c in by_c else "-"
@@ -331,6 +340,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     for name, value in SIZES["full"].items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="*" if name == "concurrency" else None,
                         default=None, help=f"default {value} ({SIZES['quick'][name]} with --quick)")
+    ap.add_argument("--engine-threads", type=int, default=1,
+                    help="torch threads of the engine-only runs (a rollout actor takes one per reserved CPU; default 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-root", default="runs/compare", help="each race and mode's run_dir goes under it")
     ap.add_argument("--json", type=Path, default=None, help="write the comparison (benchmarks.comparison schema) here")
