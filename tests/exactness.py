@@ -104,8 +104,11 @@ class DecisionRecorder:
         decoder = engine.decoder
         self.prompt_lens = torch.tensor(prompt_lens, device="cpu").repeat_interleave(n)
         self.steps: list[tuple] = []
-        self._step, self._plain_pass, self._rows = decoder.step, decoder.plain_pass, None
-        decoder.step, decoder.verify, decoder.plain_pass = self.step, self.verify, self.plain_pass
+        self._step, self._rows = decoder.step, None
+        decoder.step, decoder.verify = self.step, self.verify
+        self._plain_pass = getattr(decoder, "plain_pass", None)  # SpecRoll's steps without a tree
+        if self._plain_pass is not None:
+            decoder.plain_pass = self.plain_pass
 
     def step(self, state):
         rows = state.row_ids.cpu()

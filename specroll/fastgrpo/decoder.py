@@ -76,6 +76,9 @@ class FastGRPODecoder:
             "verify_steps": s["verify_steps"],
             "tokens_per_step_hist": hist,
             "tokens_per_step_mean": emitted / max(sum(hist.values()), 1),
+            # Every pass drafts a tree (N >= 2).
+            "drafted_response_steps": sum(hist.values()),
+            "drafted_tokens": emitted,
             "acceptance_by_depth": [a / r if r else 0.0 for a, r in zip(s["accepted_by_depth"], s["reached_by_depth"])],
             "budget_per_step": s["budget_per_step"],
             "time_draft_s": s["time_draft_s"],
