@@ -334,9 +334,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--sft-heads", default=None, help="heads for the SFT'd policy (default: the instruct policy's)")
     ap.add_argument("--sft-drafter", default=None, help="FastGRPO drafter for the SFT'd policy (default: the instruct one's)")
     ap.add_argument("--data-path", default=str(GSM8K_TRAIN), help="GSM8K jsonl file or folder")
-    # On CPUs the cost model decides where speculation pays (README); GPUs take the concurrency rule.
-    ap.add_argument("--spec-budget", default=None, choices=("concurrency", "cost_model", "fixed"),
-                    help="rollout.spec.budget of the specroll modes (default: cost_model on CPU, concurrency on GPU)")
+    ap.add_argument("--spec-budget", default="auto", choices=("auto", "concurrency", "cost_model", "fixed"),
+                    help="rollout.spec.budget of the specroll modes (auto: cost_model on CPUs, concurrency on GPUs)")
     for name, value in SIZES["full"].items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="*" if name == "concurrency" else None,
                         default=None, help=f"default {value} ({SIZES['quick'][name]} with --quick)")
@@ -357,8 +356,6 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
         sft = Path(args.sft_policy).expanduser().is_dir() and not args.quick
         args.policies = ["instruct", "sft"] if sft else ["instruct"]
     args.datasets = args.datasets or (["gsm8k"] if args.quick else ["gsm8k", "synthetic"])
-    if args.spec_budget is None:
-        args.spec_budget = "concurrency" if resolve_device("auto").type == "cuda" else "cost_model"
     if not 0 <= args.warmup_steps < args.steps:
         ap.error(f"--warmup-steps ({args.warmup_steps}) must be in [0, --steps ({args.steps}))")
     if VANILLA not in args.modes:
