@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..rollout.engine import DecodeState, StepResult
 from ..rollout.sampling import sampling_logprobs
+from ..spec.decoder import verify_pass_stats
 from ..spec.profile import get_profile
 from ..spec.tree import Candidates, select_tree, tree_attention_mask
 from ..spec.verify import verify_tree
@@ -69,23 +70,11 @@ class FastGRPODecoder:
 
     def pop_stats(self) -> dict:
         """The generate call's stats, with the keys of `SpecDecoder.pop_stats` (no context lookup here)."""
-        s = self.stats
-        hist = dict(sorted(s["tokens_per_step"].items()))
-        emitted = sum(k * v for k, v in hist.items())
-        out = {
-            "verify_steps": s["verify_steps"],
-            "tokens_per_step_hist": hist,
-            "tokens_per_step_mean": emitted / max(sum(hist.values()), 1),
-            # Every pass drafts a tree (N >= 2).
-            "drafted_response_steps": sum(hist.values()),
-            "drafted_tokens": emitted,
-            "acceptance_by_depth": [a / r if r else 0.0 for a, r in zip(s["accepted_by_depth"], s["reached_by_depth"])],
-            "budget_per_step": s["budget_per_step"],
-            "time_draft_s": s["time_draft_s"],
-            "time_verify_s": s["time_verify_s"],
-            "time_bookkeeping_s": s["time_bookkeeping_s"],
-            "lookup_token_share": 0.0,
-        }
+        out = verify_pass_stats(self.stats)
+        hist = out["tokens_per_step_hist"]
+        # Every pass drafts a tree (N >= 2).
+        out |= {"drafted_response_steps": sum(hist.values()), "drafted_tokens": sum(k * v for k, v in hist.items()),
+                "lookup_token_share": 0.0}
         self.reset_stats()
         return out
 

@@ -114,19 +114,9 @@ class SpecDecoder:
 
     def pop_stats(self) -> dict:
         s = self.stats
-        hist = dict(sorted(s["tokens_per_step"].items()))
-        emitted = sum(k * v for k, v in hist.items())
-        out = {
-            "verify_steps": s["verify_steps"],
-            "tokens_per_step_hist": hist,
-            "tokens_per_step_mean": emitted / max(sum(hist.values()), 1),
+        out = verify_pass_stats(s) | {
             "drafted_response_steps": s["drafted_response_steps"],
             "drafted_tokens": s["drafted_tokens"],
-            "acceptance_by_depth": [a / r if r else 0.0 for a, r in zip(s["accepted_by_depth"], s["reached_by_depth"])],
-            "budget_per_step": s["budget_per_step"],
-            "time_draft_s": s["time_draft_s"],
-            "time_verify_s": s["time_verify_s"],
-            "time_bookkeeping_s": s["time_bookkeeping_s"],
             "lookup_token_share": s["lookup_accepted"] / max(s["drafts_accepted"], 1),
         } | self.compile_stats()
         if self.records is not None:
@@ -397,6 +387,22 @@ def tree_forward(model, ids: torch.Tensor, positions: torch.Tensor, cache, mask:
     """The verify forward at a fixed shape: logits and hidden states [B, nodes, ...] of every node."""
     out = model(ids, position_ids=positions, cache=cache, new_token_mask=mask, span=span)
     return out.logits, out.hidden
+
+
+def verify_pass_stats(s: dict) -> dict:
+    """The stats keys every tree decoder reports, from its running counters `s`."""
+    hist = dict(sorted(s["tokens_per_step"].items()))
+    emitted = sum(k * v for k, v in hist.items())
+    return {
+        "verify_steps": s["verify_steps"],
+        "tokens_per_step_hist": hist,
+        "tokens_per_step_mean": emitted / max(sum(hist.values()), 1),
+        "acceptance_by_depth": [a / r if r else 0.0 for a, r in zip(s["accepted_by_depth"], s["reached_by_depth"])],
+        "budget_per_step": s["budget_per_step"],
+        "time_draft_s": s["time_draft_s"],
+        "time_verify_s": s["time_verify_s"],
+        "time_bookkeeping_s": s["time_bookkeeping_s"],
+    }
 
 
 def blend(average: torch.Tensor, observed: torch.Tensor, momentum: float) -> torch.Tensor:
