@@ -42,6 +42,7 @@ SECTIONS: dict[str, tuple[Chart, ...]] = {
         Chart("acceptance by tree depth", tuple(m.acceptance_depth(d) for d in ACCEPTANCE_DEPTHS)),
         Chart("node budget and active rows", (m.NODE_BUDGET_MEAN, m.ACTIVE_ROWS_MEAN)),
         Chart("verify passes", (m.VERIFY_STEPS,)),
+        Chart("tokens per verify pass where a tree was drafted", (m.DRAFTED_TOKENS_PER_STEP,)),
         Chart("context lookup's share of accepted drafts", (m.LOOKUP_TOKEN_SHARE,)),
     ),
     "Adaptation": (
@@ -52,6 +53,7 @@ SECTIONS: dict[str, tuple[Chart, ...]] = {
         Chart("replay memory", (m.HEADS_REPLAY_RECORDS, m.HEADS_REPLAY_DROPPED)),
         Chart("Reflex: on share, reliability", (m.REFLEX_ON_FRAC, m.REFLEX_RELIABILITY)),
         Chart("Reflex: records, resets, guard trips", (m.REFLEX_RECORDS, m.REFLEX_RESETS, m.REFLEX_GUARD_TRIPS)),
+        Chart("FastGRPO-style drafter: online updates, loss", (m.DRAFTER_UPDATES, m.DRAFTER_LOSS)),
     ),
     "Learning": (
         Chart("reward and accuracy", (m.REWARD_MEAN, m.ACCURACY)),
