@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..rollout import RolloutEngine, SamplingParams
-from ..spec.head_samples import SampleConfig, SampledSequence, collect_samples, heldout_prompts, split_heldout
+from ..spec.head_samples import SampleConfig, SampledSequence, heldout_prompts, split_heldout
 from .config import FastGRPOConfig, OnlineConfig
 from .drafter import FeatureDrafter
 from .feature_log import DraftSequences, teacher_forced_sequences
@@ -96,20 +96,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     from ..models import load_causal_lm
-    from ..spec.train_heads import dataset_prompts
+    from ..spec.train_heads import dataset_names, samples_from_args
 
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=args.device)
     model.requires_grad_(False)
-    names = [n.strip() for n in args.dataset.split(",") if n.strip()]
-    prompts = dataset_prompts(tokenizer, names, args.data_path)
-    sample_cfg = SampleConfig(positions=args.positions, prompts_per_batch=args.prompts_per_batch,
-                              samples_per_prompt=args.samples_per_prompt, max_new_tokens=args.max_new_tokens,
-                              seed=args.seed)
     started = time.perf_counter()
-    samples = collect_samples(model, prompts, sample_cfg, args.samples_cache)
-    print(f"{len(samples.sequences)} sequences from {samples.path} ({samples.new_batches} batches generated)")
+    prompts, samples, sample_cfg, _ = samples_from_args(model, tokenizer, args)
     held = heldout_prompts(len(prompts), args.seed, args.heldout_every)
     train_seqs, heldout_seqs = split_heldout(samples.sequences, held)
     train, heldout = sample_features(model, train_seqs), sample_features(model, heldout_seqs) if heldout_seqs else None
@@ -130,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     drafter.save(out, dtype=getattr(torch, args.save_dtype))
     summary = {
         "command": " ".join(["python -m specroll.fastgrpo.pretrain"] + (sys.argv[1:] if argv is None else argv)),
-        "model": args.model, "datasets": names, "data_path": args.data_path,
+        "model": args.model, "datasets": dataset_names(args.dataset), "data_path": args.data_path,
         "sample_config": asdict(sample_cfg), "samples_cache": str(samples.path),
         "train_entries": train.num_entries, "heldout_entries": heldout.num_entries if heldout else 0,
         "train_config": asdict(cfg), "epochs": args.epochs, **losses,

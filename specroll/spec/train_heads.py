@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -165,6 +166,11 @@ def train_heads(model, heads: HorizonHeads, sequences: list[SampledSequence], cf
 
 # -- command line ---------------------------------------------------------------------------
 
+def dataset_names(datasets: str) -> list[str]:
+    """`--dataset gsm8k,synthetic` as a list of names."""
+    return [n.strip() for n in datasets.split(",") if n.strip()]
+
+
 def dataset_prompts(tokenizer, names: list[str], data_path: str | None) -> list[list[int]]:
     from ..data import format_prompt, load_problems
 
@@ -244,6 +250,29 @@ def initial_heads(model, args: argparse.Namespace) -> HorizonHeads:
     return heads
 
 
+class ArgSamples(NamedTuple):
+    prompts: list[list[int]]
+    samples: object  # head_samples.collect_samples's result
+    config: SampleConfig
+    seconds: float  # spent sampling (0-ish when the cache held them)
+
+
+def samples_from_args(model, tokenizer, args) -> ArgSamples:
+    """The prompts and the policy's samples (cached) that a pretraining command's arguments name:
+    --dataset, --data-path, --positions, --prompts-per-batch, --samples-per-prompt, --max-new-tokens,
+    --seed, --samples-cache. The heads and the FastGRPO-style drafter read the same samples."""
+    prompts = dataset_prompts(tokenizer, dataset_names(args.dataset), args.data_path)
+    sample_cfg = SampleConfig(positions=args.positions, prompts_per_batch=args.prompts_per_batch,
+                              samples_per_prompt=args.samples_per_prompt, max_new_tokens=args.max_new_tokens,
+                              seed=args.seed)
+    started = time.perf_counter()
+    samples = collect_samples(model, prompts, sample_cfg, args.samples_cache)
+    seconds = time.perf_counter() - started
+    print(f"{len(samples.sequences)} sequences from {samples.path} ({samples.new_batches} batches generated "
+          f"in {seconds:.0f}s)")
+    return ArgSamples(prompts, samples, sample_cfg, seconds)
+
+
 def main(argv: list[str] | None = None) -> dict:
     from ..models import load_causal_lm
 
@@ -251,16 +280,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
     model, tokenizer = load_causal_lm(args.model, dtype=args.dtype, device=args.device)
     model.requires_grad_(False)
-    names = [n.strip() for n in args.dataset.split(",") if n.strip()]
-    prompts = dataset_prompts(tokenizer, names, args.data_path)
-    sample_cfg = SampleConfig(positions=args.positions, prompts_per_batch=args.prompts_per_batch,
-                              samples_per_prompt=args.samples_per_prompt, max_new_tokens=args.max_new_tokens,
-                              seed=args.seed)
-    t0 = time.perf_counter()
-    samples = collect_samples(model, prompts, sample_cfg, args.samples_cache)
-    sample_time = time.perf_counter() - t0
-    print(f"{len(samples.sequences)} sequences from {samples.path} ({samples.new_batches} batches generated "
-          f"in {sample_time:.0f}s)")
+    prompts, samples, sample_cfg, sample_time = samples_from_args(model, tokenizer, args)
     if args.collect_only:
         return {"samples_cache": str(samples.path), "sequences": len(samples.sequences)}
     train_seqs, heldout = split_heldout(samples.sequences, heldout_prompts(len(prompts), args.seed, args.heldout_every))
@@ -287,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {
         "command": " ".join(["python -m specroll.spec.train_heads"] + (sys.argv[1:] if argv is None else argv)),
         "model": args.model,
-        "datasets": names,
+        "datasets": dataset_names(args.dataset),
         "data_path": args.data_path,
         "head_type": args.head_type,
         "num_heads": args.num_heads,
