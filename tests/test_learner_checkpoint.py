@@ -19,6 +19,7 @@ from specroll.learner import (
     latest_checkpoint,
     latest_intact_checkpoint,
     load_checkpoint,
+    policy_weights,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -243,3 +244,20 @@ def test_export_writes_the_tokenizer(tmp_path, smollm2_dir):
     out = export_hf(model, model.config, tokenizer, tmp_path / "hf")
     text = "GRPO samples G responses per prompt."
     assert AutoTokenizer.from_pretrained(out).encode(text) == tokenizer.encode(text)
+
+
+@pytest.mark.parametrize("zero_stage", [0, 3])
+def test_policy_weights_read_a_checkpoint_without_a_learner(tmp_path, zero_stage):
+    learner = make_learner(zero_stage)
+    learner.update(random_samples(4, seed=7))
+    saved = save_checkpoint(learner, tmp_path, step=1)
+    _, expected = learner.policy_state_dict()
+    config, weights = policy_weights(saved)
+    assert config["model"] == learner.model_config.to_dict()
+    assert weights.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(weights[name].float(), value.float(), rtol=0, atol=0, msg=name)
+    damaged = next((saved / "deepspeed").glob("*model_states.pt"))  # ZeRO 3 names it per partition
+    truncate(damaged)
+    with pytest.raises(CheckpointDamagedError, match=f"deepspeed/{damaged.name}"):
+        policy_weights(saved)

@@ -110,18 +110,9 @@ def split_rounds(prompts: list[list[int]], per_round: int) -> list[tuple[list[in
 def tiny_scenario(args) -> Scenario:
     """A: a random 2-layer model with peaky distributions and heads trained for it here; B: A with
     its last layer and LM head perturbed by Gaussian noise of std `--tiny-drift`."""
-    from ..spec.head_samples import SampleConfig, collect_samples
-    from ..spec.train_heads import HeadTrainConfig, train_heads
-
     model = build_tiny_model(vocab_size=TINY_VOCAB, init_std=0.15, seed=3).requires_grad_(False)
     g = torch.Generator().manual_seed(args.seed)
-    pool = random_prompts(g, 8)
-    heads = HorizonHeads.for_model(model, "path", 4)
-    with tempfile.TemporaryDirectory() as cache:
-        samples = collect_samples(model, pool, SampleConfig(positions=2000, prompts_per_batch=8, samples_per_prompt=8,
-                                                            max_new_tokens=24), cache, progress=False)
-    train_heads(model, heads, samples.sequences, HeadTrainConfig(epochs=3, lr=3e-3, batch_positions=256),
-                progress=False, log=lambda _: None)
+    heads = tiny_heads(model, random_prompts(g, 8))
     b = {k: v.clone() for k, v in model.state_dict().items()}
     for name, p in b.items():
         if name.startswith(("layers.1.", "lm_head")):
@@ -130,6 +121,21 @@ def tiny_scenario(args) -> Scenario:
     return Scenario(model, b, heads, split_rounds(prompts, args.prompts),
                     f"A tiny-llama (heads trained here) -> B A + noise {args.tiny_drift} on its last layer and LM head",
                     "random tokens")
+
+
+def tiny_heads(model, prompts: list[list[int]], positions: int = 2000, epochs: int = 3) -> HorizonHeads:
+    """Path heads trained here on the tiny model's own samples for `prompts`."""
+    from ..spec.head_samples import SampleConfig, collect_samples
+    from ..spec.train_heads import HeadTrainConfig, train_heads
+
+    heads = HorizonHeads.for_model(model, "path", 4)
+    with tempfile.TemporaryDirectory() as cache:
+        samples = collect_samples(model, prompts, SampleConfig(positions=positions, prompts_per_batch=8,
+                                                               samples_per_prompt=8, max_new_tokens=24),
+                                  cache, progress=False)
+    train_heads(model, heads, samples.sequences, HeadTrainConfig(epochs=epochs, lr=3e-3, batch_positions=256),
+                progress=False, log=lambda _: None)
+    return heads
 
 
 def random_prompts(g: torch.Generator, count: int) -> list[list[int]]:

@@ -8,6 +8,7 @@ from .checkpoint import (
     latest_checkpoint,
     latest_intact_checkpoint,
     load_checkpoint,
+    policy_weights,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "micro_batch_indices",
     "mini_batch_indices",
     "pad_samples",
+    "policy_weights",
     "save_checkpoint",
     "sequence_logprobs",
     "verify_checkpoint",

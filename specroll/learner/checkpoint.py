@@ -391,6 +391,23 @@ def load_checkpoint(learner, path: str | Path, verify: bool = True) -> ResumeSta
     )
 
 
+def policy_weights(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A checkpoint's saved config (`model`, `learner`, `run`) and the policy's weights, without a learner.
+
+    ZeRO 0-2 keep whole weights in rank 0's model states; ZeRO 3 partitions them, so they are
+    gathered from the optimizer's fp32 master copies by DeepSpeed's own converter.
+    """
+    path = Path(path)
+    verify_checkpoint(path)
+    config = json.loads((path / STATE_FILE).read_text())["config"]
+    if config["learner"]["zero_stage"] == 3:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return config, get_fp32_state_dict_from_zero_checkpoint(str(path), tag=DEEPSPEED_TAG)
+    states = torch.load(path / DEEPSPEED_TAG / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    return config, states["module"]
+
+
 def restore_rng_file(rng_file: Path) -> None:
     try:
         rng = RngState.load(rng_file)

@@ -54,6 +54,28 @@ def plot_tokens_per_pass(series: Mapping[str, Sequence[float]], drift_at: int | 
     return saved(fig, path)
 
 
+def plot_drift(rows: Sequence[Mapping], path: str | Path | None = None, title: str = "") -> Figure:
+    """The drift curve: tokens per verify pass of frozen and retrained heads per policy snapshot
+    (error bars: standard errors), and how far each snapshot moved (KL from the first)."""
+    fig = Figure(figsize=(8, 6), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+    x = list(range(len(rows)))
+    for arm in ("frozen", "retrained"):
+        if arm in rows[0]:
+            top.errorbar(x, [r[arm]["tokens_per_pass"] for r in rows], yerr=[r[arm]["tokens_per_pass_se"] for r in rows],
+                         marker="o", capsize=3, label=f"{arm} heads")
+    top.set_ylabel("tokens per verify pass")
+    top.grid(alpha=0.3)
+    top.legend(fontsize="small")
+    bottom.plot(x, [r["kl_from_first"] for r in rows], marker="o", color="grey")
+    bottom.set_ylabel("KL from first (nats/token)")
+    bottom.set_xticks(x, [Path(str(r["snapshot"])).name for r in rows], rotation=20, fontsize="small")
+    bottom.grid(alpha=0.3)
+    if title:
+        top.set_title(title, fontsize="medium")
+    return saved(fig, path)
+
+
 def saved(fig: Figure, path: str | Path | None) -> Figure:
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
