@@ -149,8 +149,9 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
         if logger is None:  # failed while starting: nothing ran that a resume would continue
             raise
         newest = latest_checkpoint(checkpoints)
-        where = f"the last complete checkpoint is {newest}" if newest else "no checkpoint was completed yet"
-        raise ActorFailedError(f"{exc}\n  {where}; run again with resume=auto to continue from it") from exc
+        advice = (f"the last complete checkpoint is {newest}; run again with resume=auto to continue from it"
+                  if newest else "no checkpoint was completed yet, so a rerun starts from step 0")
+        raise ActorFailedError(f"{exc}\n  {advice}") from exc
     finally:
         if logger is not None:
             logger.close()

@@ -9,6 +9,7 @@ from specroll.telemetry import MetricsLogger
 from specroll.telemetry import metric_names as m
 from specroll.telemetry import plots
 from specroll.telemetry.history import RunHistory, read_run, read_runs
+from specroll.telemetry.run_summary import acceptance_by_depth
 
 OFF = dict(backend="none", console=False)
 
@@ -22,9 +23,10 @@ def log_run(run_dir, rows):
 
 SPEC_ROWS = [
     {m.STEP_TIME_S: 2.0, m.TIME_GEN: 1.0, m.TIME_UPDATE: 0.5, m.TOKENS_PER_STEP: 1.5, m.acceptance_depth(1): 0.6,
-     m.acceptance_depth(2): 0.2, m.NODE_BUDGET_MEAN: 4.0, m.ACTIVE_ROWS_MEAN: 8.0, m.REWARD_MEAN: 0.25,
+     m.acceptance_depth(2): 0.2, m.VERIFY_STEPS: 10, m.DRAFTED_TOKENS_PER_STEP: 1.5, m.NODE_BUDGET_MEAN: 4.0, m.ACTIVE_ROWS_MEAN: 8.0, m.REWARD_MEAN: 0.25,
      m.HEAD_VERSION: 0, m.GEN_TOKENS_PER_S: 100.0},
     {m.STEP_TIME_S: 3.0, m.TIME_GEN: 2.0, m.TIME_UPDATE: 0.5, m.TIME_HEAD_SYNC: 0.1, m.TOKENS_PER_STEP: 1.7,
+     m.VERIFY_STEPS: 30, m.DRAFTED_TOKENS_PER_STEP: 1.7,
      m.acceptance_depth(1): 0.8, m.acceptance_depth(2): 0.4, m.NODE_BUDGET_MEAN: 6.0, m.ACTIVE_ROWS_MEAN: 5.0,
      m.REWARD_MEAN: float("nan"), m.HEAD_VERSION: 1, m.GEN_TOKENS_PER_S: 120.0},
 ]
@@ -36,7 +38,7 @@ def test_a_run_reads_back_as_logged(tmp_path):
     assert run.series(m.TIME_HEAD_SYNC) == ([1], [0.1])  # only the step that logged it
     assert run.series(m.REWARD_MEAN) == ([0], [0.25])  # NaN was written as null
     assert run.series(m.ACCURACY) == ([], [])
-    assert plots.acceptance_depths(run) == [1, 2]
+    assert acceptance_by_depth(run) == pytest.approx([(0.6 * 10 + 0.8 * 30) / 40, (0.2 * 10 + 0.4 * 30) / 40])
     with pytest.raises(ValueError, match="not in the namespace"):
         run.series("spec/tokens")
     # A line cut short by a crash is left out, as the sink does on resume.
@@ -73,7 +75,8 @@ def test_run_curves_draw_every_panel_and_say_what_is_missing(tmp_path):
     top = breakdown.collections[-1].get_paths()[0].vertices[:, 1].max()
     assert top == pytest.approx(2.0 + 0.5 + 0.1)  # step 1: gen + update + head_sync
     acceptance = by_title["acceptance by depth"].get_lines()[0]
-    assert list(acceptance.get_xdata()) == [1, 2] and list(acceptance.get_ydata()) == pytest.approx([0.7, 0.3])
+    # Weighted by verify passes, as the run's summary table.
+    assert list(acceptance.get_xdata()) == [1, 2] and list(acceptance.get_ydata()) == pytest.approx([0.75, 0.35])
     vanilla_only = plots.plot_run_panel([vanilla], "heads")
     assert [t.get_text() for t in vanilla_only.axes[0].texts] == [
         "no spec/head_version or heads/version or heads/updates in these runs"]

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from . import metric_names as m
 from .history import RunHistory, read_runs
+from .run_summary import acceptance_by_depth
 
 Runs = Sequence[str | Path | RunHistory] | Mapping[str, str | Path] | str | Path | RunHistory
 
@@ -153,25 +154,16 @@ def draw_tokens_per_pass(ax: Axes, runs: Sequence[RunHistory]) -> None:
     ax.set_title("tokens per verify pass (1 = no gain)", fontsize="medium")
 
 
-def acceptance_depths(run: RunHistory) -> list[int]:
-    depths, d = [], 1
-    while m.acceptance_depth(d) in run.names():
-        depths.append(d)
-        d += 1
-    return depths
-
-
 def draw_acceptance_by_depth(ax: Axes, runs: Sequence[RunHistory]) -> None:
-    """Per run, the mean over steps of the share accepted at each tree depth."""
+    """Per run, the share accepted at each tree depth over the steps that drafted (as the run's summary)."""
     drawn = False
     for i, run in enumerate(runs):
-        depths = acceptance_depths(run)
-        if depths:
-            means = [sum(v) / len(v) for v in (run.series(m.acceptance_depth(d))[1] for d in depths)]
-            ax.plot(depths, means, "o-", color=f"C{i}", label=run.name)
+        accepted = acceptance_by_depth(run)
+        if any(a is not None for a in accepted):
+            ax.plot(range(1, len(accepted) + 1), accepted, "o-", color=f"C{i}", label=run.name)
             drawn = True
     ax.set_xlabel("tree depth")
-    ax.set_ylabel("accepted share (mean over steps)")
+    ax.set_ylabel("accepted share (steps that drafted)")
     ax.set_ylim(0, 1.05)
     ax.set_title("acceptance by depth", fontsize="medium")
     if drawn:

@@ -30,6 +30,15 @@ def weighted_mean(run: RunHistory, name: str, weight: str) -> float | None:
     return sum(v * w for v, w in pairs) / total if total else None
 
 
+def acceptance_by_depth(run: RunHistory) -> list[float | None]:
+    """Share accepted at tree depth 1, 2, ... over the steps that drafted, weighted by verify passes
+    (steps that decoded plain report zero at every depth: they are left out)."""
+    drafting = RunHistory(run.name, [row for row in run.rows if row.get(m.DRAFTED_TOKENS_PER_STEP) is not None])
+    depths = sorted((n for n in drafting.names() if n.startswith("spec/acceptance_depth_")),
+                    key=lambda n: int(n.rsplit("_", 1)[1]))
+    return [weighted_mean(drafting, n, m.VERIFY_STEPS) for n in depths]
+
+
 def time_shares(run: RunHistory) -> dict[str, float]:
     """Share of the run's summed step time spent in each phase, plus `other` for the rest."""
     total = sum(run.series(m.STEP_TIME_S)[1])
@@ -51,12 +60,7 @@ def summary_rows(run: RunHistory) -> list[tuple[str, str]]:
     if run.series(m.VERIFY_STEPS)[1]:
         overall = weighted_mean(run, m.TOKENS_PER_STEP, m.VERIFY_STEPS)
         rows.append(("tokens per verify pass", f"{fmt(drafted)} where a tree was drafted, {fmt(overall)} overall"))
-        # Steps that never drafted report zero acceptance at every depth: leave them out.
-        drafting = RunHistory(run.name, [row for row in run.rows if row.get(m.DRAFTED_TOKENS_PER_STEP) is not None])
-        depths = sorted((n for n in drafting.names() if n.startswith("spec/acceptance_depth_")),
-                        key=lambda n: int(n.rsplit("_", 1)[1]))
-        accepted = [weighted_mean(drafting, n, m.VERIFY_STEPS) for n in depths]
-        rows.append(("acceptance by depth", " ".join(fmt(a) for a in accepted) or "-"))
+        rows.append(("acceptance by depth", " ".join(fmt(a) for a in acceptance_by_depth(run)) or "-"))
         rows.append(("mean tree nodes per response", fmt(mean(run.series(m.NODE_BUDGET_MEAN)[1]), ".1f")))
     rows.append(("generation tokens/s", fmt(mean(run.series(m.GEN_TOKENS_PER_S)[1]), ".1f")))
     for name, what in ((m.REWARD_MEAN, "reward mean"), (m.ACCURACY, "accuracy")):
