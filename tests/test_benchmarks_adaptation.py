@@ -3,7 +3,6 @@ import json
 import math
 
 import pytest
-import torch
 
 from specroll.benchmarks.adaptation import VANILLA, goals, main, markdown_table, rate, summarize
 
@@ -55,15 +54,7 @@ def test_goals_compare_the_modes_after_the_drift():
     assert not goals(summary)["both > slow > static"]
 
 
-@pytest.fixture
-def one_thread():
-    # A CPU shared with other jobs: one intra-op thread is several times faster for tiny models.
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_every_mode_runs_every_round_on_the_same_prompts(tmp_path, one_thread):
+def test_every_mode_runs_every_round_on_the_same_prompts(tmp_path):
     out = tmp_path / "bench.json"
     result = main(["--tiny", "--threads", "1", "--rounds", str(ROUNDS), "--drift-at", str(DRIFT_AT),
                    "--prompts", str(PROMPTS), "--n", str(N), "--max-new-tokens", "12", "--calibration-steps", "2",

@@ -46,14 +46,7 @@ def test_mean_kl_is_zero_for_the_same_policy_and_matches_a_hand_computation():
     assert mean_kl(a, b, ids, [2, 2]) == pytest.approx(expected / count, rel=1e-5)
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_a_drift_hurts_frozen_heads_and_the_curve_is_written(tmp_path, one_thread):
+def test_a_drift_hurts_frozen_heads_and_the_curve_is_written(tmp_path):
     out = tmp_path / "drift.json"
     result = main(["--tiny", "3", "--threads", "1", "--prompts", "16", "--batch", "8", "--max-new-tokens", "24",
                    "--retrain-positions", "2000", "--retrain-max-new-tokens", "24", "--retrain-lr", "3e-3",
