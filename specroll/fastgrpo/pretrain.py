@@ -4,7 +4,7 @@ The frozen policy's samples come from `spec.head_samples` (the same cache file a
 `python -m specroll.spec.train_heads` with the same sampling settings); one teacher-forced
 pass gives the features, and the drafter trains with the online loss (`fastgrpo.loss`) for a
 few epochs. Its quality is measured as tokens per verify pass of the FastGRPO decoder on
-held-out prompts, at a fixed tree size, against an untrained drafter.
+held-out prompts, at a fixed tree size, before and after training.
 
     python -m specroll.fastgrpo.pretrain --model smollm2-135m-instruct --dataset gsm8k,synthetic \
         --data-path ../shared/data/gsm8k/train.jsonl --positions 20000 --epochs 3 --save-dtype bfloat16 \
@@ -113,12 +113,13 @@ def main(argv: list[str] | None = None) -> dict:
     # Held-out prompts never sampled above (a small cache holds few of them) are fine for the speed check.
     eval_prompts = [prompts[i] for i in sorted(held)][: args.eval_prompts]
     check = dict(nodes=args.eval_nodes, n=args.eval_n, max_new_tokens=args.eval_max_new_tokens, seed=args.seed)
-    before = tokens_per_pass(model, FeatureDrafter.for_model(model, seed=args.seed), eval_prompts, **check)
+    start = args.init_drafter or "untrained"
+    before = tokens_per_pass(model, drafter, eval_prompts, **check)  # the drafter training starts from
     cfg = OnlineConfig(lr=args.lr, batch_tokens=args.batch_tokens)
     losses = pretrain_drafter(model, drafter, train, args.epochs, cfg, heldout)
     after = tokens_per_pass(model, drafter, eval_prompts, **check)
     print(f"tokens per verify pass at {args.eval_nodes} nodes on {len(eval_prompts)} held-out prompts: "
-          f"untrained {before['tokens_per_pass']:.3f}, trained {after['tokens_per_pass']:.3f}; acceptance by depth "
+          f"before ({start}) {before['tokens_per_pass']:.3f}, after {after['tokens_per_pass']:.3f}; acceptance by depth "
           + " ".join(f"{a:.2f}" for a in after["acceptance_by_depth"]))
     out = Path(args.out)
     drafter.save(out, dtype=getattr(torch, args.save_dtype))
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
         "sample_config": asdict(sample_cfg), "samples_cache": str(samples.path),
         "train_entries": train.num_entries, "heldout_entries": heldout.num_entries if heldout else 0,
         "train_config": asdict(cfg), "epochs": args.epochs, **losses,
-        "check_untrained": before, "check_trained": after, "save_dtype": args.save_dtype,
+        "init_drafter": args.init_drafter, "check_before": before, "check_after": after, "save_dtype": args.save_dtype,
         "wall_time_s": time.perf_counter() - started,
     }
     out.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
