@@ -284,7 +284,8 @@ def main(argv=None) -> dict:
 
     from ..telemetry.plots import plot_drift
 
-    plot_drift(rows, args.plot, title=f"heads of {rows[0]['snapshot']}, frozen vs retrained")
+    arms = "frozen vs retrained" if args.retrain_positions else "frozen"
+    plot_drift(rows, args.plot, title=f"heads of {Path(rows[0]['snapshot']).name}, {arms}")
     print(f"wrote {args.plot}")
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "table": table}
     if args.json:
