@@ -11,7 +11,7 @@ Snapshots: a run's checkpoints (`run_dir/checkpoints/step_*`), SFT outputs, mode
 
     # a GRPO run's drift (the run was started with checkpoint_every=10 keep_last=null)
     python -m specroll.benchmarks.drift --policies ~/.cache/specroll/sft/gsm8k200 runs/drift/checkpoints/step_*
-        --heads shipped --json runs/bench_drift.json
+        --heads runs/drift_heads/1.heads.safetensors --retrain-positions 0 --json runs/bench_drift.json
     # controlled drift: the instruct policy's heads drafting for the SFT'd policy; --save-heads
     # keeps each snapshot's retrained heads, which the reverse drift starts from
     python -m specroll.benchmarks.drift --policies smollm2-135m-instruct ~/.cache/specroll/sft/gsm8k200
