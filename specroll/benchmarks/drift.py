@@ -9,7 +9,7 @@ How far each snapshot moved is the mean per-token KL(snapshot || first) on its o
 
 Snapshots: a run's checkpoints (`run_dir/checkpoints/step_*`), SFT outputs, model aliases:
 
-    # a GRPO run's drift (the run was started with checkpoint_every=10 keep_last=null)
+    # a GRPO run's drift (a run started with checkpoint_every=5 keep_last=10 keeps four snapshots)
     python -m specroll.benchmarks.drift --policies ~/.cache/specroll/sft/gsm8k200 runs/drift/checkpoints/step_*
         --heads runs/drift_heads/1.heads.safetensors --retrain-positions 0 --json runs/bench_drift.json
     # controlled drift: the instruct policy's heads drafting for the SFT'd policy; --save-heads
@@ -20,7 +20,7 @@ Snapshots: a run's checkpoints (`run_dir/checkpoints/step_*`), SFT outputs, mode
         --heads runs/drift_heads/1.heads.safetensors
 
 Sampling is exact, not pathwise equal: once two drafters differ, their responses differ, so
-each figure carries sampling noise (its standard error over prompts is printed).
+each figure carries sampling noise (its standard error over batches of prompts is printed).
 """
 from __future__ import annotations
 
