@@ -1,4 +1,4 @@
-"""Shared fixtures: the real SmolLM2 model is loaded once per test session."""
+"""Shared fixtures: the real SmolLM2 model is loaded once per test session; a real local Ray cluster per module."""
 from __future__ import annotations
 
 import json
@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -28,6 +29,14 @@ def torch_threads(request):
         torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request):
+    """A real local Ray cluster for the test module; a module's `RAY_CPUS` sets its logical CPUs (default 4)."""
+    ray.init(num_cpus=getattr(request.module, "RAY_CPUS", 4), include_dashboard=False)
+    yield
+    ray.shutdown()
 
 
 @pytest.fixture

@@ -96,13 +96,6 @@ def test_responses_do_not_depend_on_how_the_prompts_are_split():
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def two_steps(ray_cluster):
     """Two GRPO steps through the driver's calls; the rollout actors then get the newest policy."""
     cfg = config()

@@ -56,11 +56,7 @@ def test_gpu_actors_keep_their_reserved_cpus_and_a_cpu_side_alongside_gets_the_r
     assert phase_threads(gpu_learner, cores=4) == PhaseThreads(1, 3)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
+RAY_CPUS = 2  # logical CPUs of this module's Ray cluster (conftest.ray_cluster)
 
 
 def threads_of(actor) -> int:

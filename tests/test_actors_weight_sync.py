@@ -17,11 +17,7 @@ PROMPTS = 2
 OVERRIDES = ["experiment=smoke", f"data.prompts_per_step={PROMPTS}", "learner.lr=0.1", "learner.weight_decay=1.0"]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
+RAY_CPUS = 2  # logical CPUs of this module's Ray cluster (conftest.ray_cluster)
 
 
 def in_actor(actor, fn):

@@ -3,7 +3,6 @@
 import math
 
 import pytest
-import ray
 
 from specroll.benchmarks.compare import add_ratios, homogeneity, main, summarize_mode
 from specroll.benchmarks.comparison import ModeRun, load_comparison
@@ -55,13 +54,6 @@ def test_homogeneity_of_rewards_across_modes():
     nothing = [mode("vanilla", [row(0, 1, 1, 0.0, 0.0), row(1, 1, 1, 0.0, 0.0)]),
                mode("fastgrpo", [row(0, 1, 1, 0.0, 0.0), row(1, 1, 1, 0.0, 0.0)])]
     assert homogeneity(nothing) == {"accuracy_chi2_p": 1.0, "reward_kruskal_p": 1.0}  # no spread: nothing to test
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def test_the_tiny_path_races_modes_and_writes_what_the_notebook_reads(ray_cluster, tmp_path, monkeypatch):

@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -15,13 +14,6 @@ from specroll.telemetry import metric_names as m
 from specroll.train import run_training
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def config(tmp_path, overrides):

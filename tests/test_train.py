@@ -28,13 +28,6 @@ CONF = ROOT / "conf"
 CHECKOUT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 def config(tmp_path, overrides):
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         return load_train_config(compose("config", overrides=["experiment=smoke", f"run_dir={tmp_path / 'run'}",
