@@ -23,7 +23,8 @@ def log_run(run_dir, rows):
 
 SPEC_ROWS = [
     {m.STEP_TIME_S: 2.0, m.TIME_GEN: 1.0, m.TIME_UPDATE: 0.5, m.TOKENS_PER_STEP: 1.5, m.acceptance_depth(1): 0.6,
-     m.acceptance_depth(2): 0.2, m.VERIFY_STEPS: 10, m.DRAFTED_TOKENS_PER_STEP: 1.5, m.NODE_BUDGET_MEAN: 4.0, m.ACTIVE_ROWS_MEAN: 8.0, m.REWARD_MEAN: 0.25,
+     m.acceptance_depth(2): 0.2, m.VERIFY_STEPS: 10, m.DRAFTED_TOKENS_PER_STEP: 1.5, m.NODE_BUDGET_MEAN: 4.0,
+     m.ACTIVE_ROWS_MEAN: 8.0, m.REWARD_MEAN: 0.25,
      m.HEAD_VERSION: 0, m.GEN_TOKENS_PER_S: 100.0},
     {m.STEP_TIME_S: 3.0, m.TIME_GEN: 2.0, m.TIME_UPDATE: 0.5, m.TIME_HEAD_SYNC: 0.1, m.TOKENS_PER_STEP: 1.7,
      m.VERIFY_STEPS: 30, m.DRAFTED_TOKENS_PER_STEP: 1.7,

@@ -38,6 +38,18 @@ def read_jsonl(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
+def test_a_failure_before_any_checkpoint_says_a_rerun_starts_afresh(ray_cluster, tmp_path):
+    cfg = config(tmp_path, ["total_steps=2", "checkpoint_every=0"])
+
+    def kill_rollout_actor(step, metrics, actors):
+        ray.kill(actors.rollout[0])
+
+    with pytest.raises(ActorFailedError, match="rollout actor 0 died") as failure:
+        run_training(cfg, on_step_end=kill_rollout_actor)
+    assert "no checkpoint was completed yet, so a rerun starts from step 0" in str(failure.value)
+    assert "resume=auto" not in str(failure.value)
+
+
 def test_a_killed_rollout_actor_is_named_and_resume_auto_continues(ray_cluster, tmp_path, offline_wandb):
     cfg = config(tmp_path, ["cluster.num_rollout_actors=2", "total_steps=3", "checkpoint_every=1", "logger=wandb_offline"])
 

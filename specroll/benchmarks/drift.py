@@ -184,17 +184,19 @@ def progress_line(i: int, total: int, row: dict) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    retrain = "retrained" in rows[0]
-    lines = ["| snapshot | KL from first | frozen tok/pass (± s.e.) | frozen acceptance by depth"
-             + (" | retrained tok/pass (± s.e.) | retrained acceptance by depth | frozen / retrained |" if retrain else " |"),
-             "|---|---|---|---|" + ("---|---|---|" if retrain else "")]
+    arms = ("frozen", "retrained") if "retrained" in rows[0] else ("frozen",)
+    header = ["snapshot", "KL from first"]
+    for arm in arms:
+        header += [f"{arm} tok/pass (± s.e.)", f"{arm} acceptance by depth"]
+    if len(arms) == 2:
+        header.append("frozen / retrained")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         cells = [r["snapshot"], f"{r['kl_from_first']:.4f}"]
-        for arm in ("frozen", "retrained") if retrain else ("frozen",):
-            s = r[arm]
-            cells += [f"{s['tokens_per_pass']:.2f} ± {s['tokens_per_pass_se']:.2f}",
-                      " ".join(f"{a:.2f}" for a in s["acceptance_by_depth"])]
-        if retrain:
+        for arm in arms:
+            cells += [f"{r[arm]['tokens_per_pass']:.2f} ± {r[arm]['tokens_per_pass_se']:.2f}",
+                      " ".join(f"{a:.2f}" for a in r[arm]["acceptance_by_depth"])]
+        if len(arms) == 2:
             cells.append(f"{r['frozen']['tokens_per_pass'] / r['retrained']['tokens_per_pass']:.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -223,7 +225,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--retrain-epochs", type=int, default=2)
     ap.add_argument("--retrain-lr", type=float, default=3e-4)
     ap.add_argument("--samples-cache", default=None, help="where retraining samples are cached (default: ~/.cache)")
-    ap.add_argument("--save-heads", type=Path, default=None, help="keep snapshot i's retrained heads as i.heads.safetensors")
+    ap.add_argument("--save-heads", type=Path, default=None,
+                    help="keep snapshot i's retrained heads as i.heads.safetensors")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="auto")

@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
     losses = pretrain_drafter(model, drafter, train, args.epochs, cfg, heldout)
     after = tokens_per_pass(model, drafter, eval_prompts, **check)
     print(f"tokens per verify pass at {args.eval_nodes} nodes on {len(eval_prompts)} held-out prompts: "
-          f"before ({start}) {before['tokens_per_pass']:.3f}, after {after['tokens_per_pass']:.3f}; acceptance by depth "
+          f"before ({start}) {before['tokens_per_pass']:.3f}, after {after['tokens_per_pass']:.3f}; "
+          "acceptance by depth "
           + " ".join(f"{a:.2f}" for a in after["acceptance_by_depth"]))
     out = Path(args.out)
     drafter.save(out, dtype=getattr(torch, args.save_dtype))

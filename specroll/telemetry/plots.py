@@ -63,8 +63,8 @@ def plot_drift(rows: Sequence[Mapping], path: str | Path | None = None, title: s
     x = list(range(len(rows)))
     for arm in ("frozen", "retrained"):
         if arm in rows[0]:
-            top.errorbar(x, [r[arm]["tokens_per_pass"] for r in rows], yerr=[r[arm]["tokens_per_pass_se"] for r in rows],
-                         marker="o", capsize=3, label=f"{arm} heads")
+            top.errorbar(x, [r[arm]["tokens_per_pass"] for r in rows],
+                         yerr=[r[arm]["tokens_per_pass_se"] for r in rows], marker="o", capsize=3, label=f"{arm} heads")
     top.set_ylabel("tokens per verify pass")
     top.grid(alpha=0.3)
     top.legend(fontsize="small")
