@@ -18,6 +18,11 @@ def test_gpu_check_dry_run_times_every_case_against_its_floors(tmp_path):
         assert timing["times_weight_floor"] == timing["decode_ms_per_step"] / timing["weight_floor_ms"]
     assert result["spec_vs_plain"] == {"skipped": "dry run"}
 
+    # --models splits the check (each compiled shape takes minutes on a fresh GPU machine).
+    gpu_check.main(["--dry-run", "--device", "cpu", "--no-compile", "--no-spec", "--models", "qwen2.5-1.5b",
+                    "--json", str(path)])
+    assert [t["case"]["model"] for t in json.loads(path.read_text())["timings"]] == ["tiny-qwen2"]
+
 
 def test_sampler_and_learner_agree_in_fp32_and_drift_apart_in_bf16():
     rows = {(r["rollout"], r["learner"]): r for r in logprob_mismatch.main(

@@ -6,7 +6,8 @@ weight-read floor (parameter bytes / copy bandwidth) and the matmul floor (the s
 the best matmul throughput). Shapes: SmolLM2-135M (its weights when installed, else random
 weights of its shape) at batch 1 and 32, Qwen2.5-1.5B's shape with random weights in bf16 at
 batch 64. Then `spec_vs_plain` quick, eager and compiled, where SmolLM2's weights exist.
-Designed to finish in under 8 minutes on one H200; `--dry-run` runs tiny models on the CPU.
+On a fresh H200 each compiled shape takes 1.5-2.5 minutes to compile, so the whole check runs
+about 10 minutes; `--models` splits it over calls. `--dry-run` runs tiny models on the CPU.
 
     python -m specroll.benchmarks.gpu_check --json gpu_check.json
     python -m specroll.benchmarks.gpu_check --dry-run --json /tmp/gpu_check.json
@@ -24,9 +25,11 @@ import torch
 
 from ..models import build_tiny_model, load_causal_lm, resolve_device, synchronize
 from ..rollout import RolloutEngine, SamplingParams
+from ..spec import shipped_heads
 from .floors import decode_step_flops, matmul_gflops, memory_bandwidth_gbs, weight_bytes_per_step
 
 SMOLLM2 = "smollm2-135m-instruct"
+MODELS = ("smollm2", "qwen2.5-1.5b")  # the shapes the check times
 # Architectures as in their Hugging Face configs (random weights: the timing needs only the shape).
 SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                      num_kv_heads=3, head_dim=64, max_position_embeddings=2048, tie_word_embeddings=True,
@@ -67,12 +70,13 @@ def random_model(shape: dict, dtype: torch.dtype, device: torch.device):
         device=device, dtype=dtype)
 
 
-def smollm2(dtype: torch.dtype, device: torch.device, dry_run: bool):
-    """SmolLM2-135M-Instruct's weights if installed, else random ones of its shape (tiny for a dry run)."""
+def smollm2(policy: str, dtype: torch.dtype, device: torch.device, dry_run: bool):
+    """SmolLM2-135M-Instruct's weights (`policy`: the alias, a GGUF file or an HF directory) if
+    they load, else random ones of its shape (tiny for a dry run)."""
     if dry_run:
         return random_model({}, dtype, device), "tiny-llama"
     try:
-        model, _ = load_causal_lm(SMOLLM2, dtype=dtype, device=device)
+        model, _ = load_causal_lm(policy, dtype=dtype, device=device)
         model.config.eos_token_ids = []  # time fixed-length responses
         return model, SMOLLM2
     except (FileNotFoundError, ValueError, ImportError) as exc:
@@ -107,18 +111,20 @@ def measure_floors(device: torch.device, dtypes: set[str], dry_run: bool) -> dic
             "matmul_gflops_by_dtype": {d: matmul_gflops(device, getattr(torch, d), size=size) for d in dtypes}}
 
 
-def spec_vs_plain_quick(device: torch.device, dry_run: bool) -> dict:
-    """Speculative vs plain decoding, eager and compiled, where SmolLM2's weights are installed."""
+def spec_vs_plain_quick(policy: str, device: torch.device, dry_run: bool) -> dict:
+    """Speculative vs plain decoding, eager and compiled, where SmolLM2's weights load."""
     from . import spec_vs_plain
 
     if dry_run:
         return {"skipped": "dry run"}
     try:
-        load_causal_lm(SMOLLM2, dtype="float32", device="cpu")
+        load_causal_lm(policy, dtype="float32", device="cpu")
     except (FileNotFoundError, ValueError, ImportError) as exc:
         return {"skipped": f"SmolLM2 weights unavailable: {exc}"}
     dtype = "bfloat16" if device.type == "cuda" else "float32"
-    return spec_vs_plain.main(["--concurrency", "1", "8", "32", "--grpo", "8x8", "--max-new-tokens", "128",
+    # The policy is SmolLM2 by whatever path: its shipped heads, named by file.
+    return spec_vs_plain.main(["--policy", policy, "--heads", str(shipped_heads(SMOLLM2)),
+                               "--concurrency", "1", "8", "32", "--grpo", "8x8", "--max-new-tokens", "128",
                                "--budget", "concurrency", "--dtype", dtype, "--device", str(device), "--compile"])
 
 
@@ -129,6 +135,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="tiny models and few tokens (checks the script on a CPU)")
     parser.add_argument("--no-compile", action="store_true", help="eager only")
     parser.add_argument("--no-spec", action="store_true", help="skip spec_vs_plain")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS, help="shapes to time")
+    parser.add_argument("--policy", default=SMOLLM2,
+                        help="SmolLM2-135M-Instruct's weights: the alias, or a GGUF file / HF directory of them")
     return parser.parse_args(argv)
 
 
@@ -136,13 +145,15 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     device = resolve_device(args.device)
     bf16 = "bfloat16" if device.type == "cuda" or args.dry_run else "float32"
+    small = "bfloat16" if device.type == "cuda" else "float32"
+    # (case, shape) per model; tiny stand-ins for a dry run; shape None: SmolLM2's weights.
     if args.dry_run:
-        cases = [(Case("tiny-llama", "float32", b, 8, 6), None) for b in (1, 4)]
-        cases.append((Case("tiny-qwen2", bf16, 4, 8, 6), {"qkv_bias": True, "tie_word_embeddings": True}))
+        by_model = {"smollm2": [(Case("tiny-llama", "float32", b, 8, 6), None) for b in (1, 4)],
+                    "qwen2.5-1.5b": [(Case("tiny-qwen2", bf16, 4, 8, 6), {"qkv_bias": True, "tie_word_embeddings": True})]}
     else:
-        small = "bfloat16" if device.type == "cuda" else "float32"
-        cases = [(Case("smollm2", small, b, 128, 128), None) for b in (1, 32)]
-        cases.append((Case("qwen2.5-1.5b-shape", bf16, 64, 128, 128), QWEN2_5_1_5B_SHAPE))
+        by_model = {"smollm2": [(Case("smollm2", small, b, 128, 128), None) for b in (1, 32)],
+                    "qwen2.5-1.5b": [(Case("qwen2.5-1.5b-shape", bf16, 64, 128, 128), QWEN2_5_1_5B_SHAPE)]}
+    cases = [case for name in args.models for case in by_model[name]]
     floors = measure_floors(device, {c.dtype for c, _ in cases}, args.dry_run)
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "floors": floors, "timings": [], "errors": []}
@@ -156,7 +167,7 @@ def main(argv=None) -> dict:
         key = (case.model, case.dtype)
         if key not in models:
             models[key] = (random_model(shape, dtype, device), case.model) if shape is not None else \
-                smollm2(dtype, device, args.dry_run)
+                smollm2(args.policy, dtype, device, args.dry_run)
         model, name = models[key]
         case.model = name
         case_floors = {"bandwidth_gbs": floors["bandwidth_gbs"], "matmul_gflops": floors["matmul_gflops_by_dtype"][case.dtype]}
@@ -175,7 +186,7 @@ def main(argv=None) -> dict:
             write()
     if not args.no_spec:
         try:
-            result["spec_vs_plain"] = spec_vs_plain_quick(device, args.dry_run)
+            result["spec_vs_plain"] = spec_vs_plain_quick(args.policy, device, args.dry_run)
         except Exception:
             result["errors"].append({"case": "spec_vs_plain", "error": traceback.format_exc()})
     write()
