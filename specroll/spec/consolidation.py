@@ -31,7 +31,8 @@ class ConsolidationConfig:
     max_policy_lag: int = 2  # records sampled by a policy this many versions older than the newest age out
     held_out_fraction: float = 0.1  # records kept apart to judge an update
     lr: float = 1e-5  # AdamW learning rate of the heads
-    steps: int = 2  # optimiser steps per update, each over all training records
+    steps: int = 2  # optimiser steps per update
+    batch_records: int = 512  # training records per optimiser step, a fresh random sample (all when fewer)
     max_grad_norm: float = 1.0  # gradient clipping
     distill_weight: float = 0.7  # weight of KL(p || q) to the policy's top-32 + tail
     nll_weight: float = 0.3  # weight of the realised token's NLL
@@ -50,6 +51,7 @@ class ConsolidationConfig:
         check(0 < self.held_out_fraction < 1, "held_out_fraction", "in (0, 1)")
         check(self.lr > 0, "lr", "> 0")
         check(self.steps >= 1, "steps", ">= 1")
+        check(self.batch_records >= 1, "batch_records", ">= 1")
         check(self.max_grad_norm > 0, "max_grad_norm", "> 0")
         for name in ("distill_weight", "nll_weight", "proximal_weight"):
             check(getattr(self, name) >= 0, name, ">= 0")
@@ -69,6 +71,7 @@ class UpdateResult:
     committed: bool  # kept (else rolled back)
     version: int  # head version after it
     train_records: int
+    step_records: int  # records each optimiser step used (bounds the update's cost)
     held_out_records: int
     ce_before: float  # held-out cross-entropy to the policy's (coarsened) distribution
     ce_after: float
@@ -165,10 +168,13 @@ class HeadConsolidator:
         held_batch = records_batch(held_out, self.heads.num_heads, embed, device)
         ce_before, tv_before = held_out_fit(self.heads, lm_head, held_batch)
         saved = copy.deepcopy((self.heads.state_dict(), self.optimizer.state_dict()))
+        step_records = min(self.cfg.batch_records, len(train))
+        sampler = torch.Generator().manual_seed(seed)
         self.heads.train()
         for _ in range(self.cfg.steps):
             self.optimizer.zero_grad(set_to_none=True)
-            loss = train_step(self.heads, lm_head, train_batch, self.cfg.loss)
+            rows = torch.randperm(len(train), generator=sampler)[:step_records].to(device)
+            loss = train_step(self.heads, lm_head, train_batch.rows(rows), self.cfg.loss)
             for k in range(self.heads.num_heads):
                 if k not in trained:  # a parameter without a gradient is left alone by AdamW
                     for p in self.head_parameters(k):
@@ -183,7 +189,8 @@ class HeadConsolidator:
         else:
             self.heads.load_state_dict(saved[0])
             self.optimizer.load_state_dict(saved[1])
-        result = UpdateResult(tuple(sorted(trained)), committed, self.heads.version, len(train), len(held_out),
+        result = UpdateResult(tuple(sorted(trained)), committed, self.heads.version, len(train), step_records,
+                              len(held_out),
                               ce_before, ce_after, tv_before, tv_after, loss, time.perf_counter() - started)
         self.updates.append(result)
         return result

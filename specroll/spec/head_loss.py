@@ -111,6 +111,12 @@ class HeadBatch:
         return cls(targets.hidden[index].float(), path_emb, valid, targets.top_logp[tgt],
                    targets.top_idx[tgt].long(), targets.tail_logp[tgt], targets.target_token[tgt])
 
+    def rows(self, index: torch.Tensor) -> HeadBatch:
+        """The positions `index` of this batch."""
+        proximal = None if self.proximal is None else SparseDistribution(*(x[index] for x in self.proximal))
+        return HeadBatch(self.hidden[index], self.path_emb[index], self.valid[index], self.top_logp[index],
+                         self.top_idx[index], self.tail_logp[index], self.token[index], proximal)
+
     def head(self, j: int) -> tuple[torch.Tensor, ...]:
         """Targets of head j on its valid rows."""
         v = self.valid[:, j]
