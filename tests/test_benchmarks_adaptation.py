@@ -79,6 +79,11 @@ def test_every_mode_runs_every_round_on_the_same_prompts(tmp_path):
         committed = [bool(r["update"] and r["update"]["committed"]) for r in rounds[m]]
         assert [r["head_version"] for r in rounds[m]] == [sum(committed[:r]) for r in range(ROUNDS)]
 
+    # The detector's view of each round is kept once it has calibrated (2 rounds here), for tuning it.
+    for m in ("slow", "both", "every_step"):
+        assert all(r["drift_check"] is None for r in rounds[m][:2])
+        assert rounds[m][-1]["drift_check"] is not None and len(rounds[m][-1]["drift_check"]["z"]) == 4
+
     # The summary and the table come from the rounds.
     after = {m: rounds[m][DRIFT_AT:] for m in modes}
     for m in modes[1:]:

@@ -149,7 +149,8 @@ def random_prompts(g: torch.Generator, count: int) -> list[list[int]]:
 def build_arms(scenario: Scenario, args) -> list[Arm]:
     arms = [Arm(VANILLA, RolloutEngine(scenario.model))]
     drift = DriftConfig(calibration_steps=args.calibration_steps, check_every=args.check_every,
-                        min_records=args.min_records, consecutive=args.consecutive)
+                        min_records=args.min_records, consecutive=args.consecutive, z_threshold=args.z_threshold,
+                        min_acceptance_drop=args.min_acceptance_drop)
     consolidation = ConsolidationConfig(lr=args.head_lr, steps=args.head_steps)
     for mode in args.modes:
         heads = scenario.heads
@@ -190,13 +191,18 @@ def consolidate(arm: Arm, model, policy_version: int) -> dict:
     started = time.perf_counter()
     telemetry, records = arm.engine.decoder.pop_head_records()
     heads = arm.consolidator.observe(telemetry, records, policy_version=policy_version)
-    result = arm.consolidator.update(heads, model.lm_head.weight, model.embed_tokens.weight) if heads else None
+    result = arm.consolidator.update(heads, model.lm_head.weight, model.embed_tokens.weight,
+                                     seed=policy_version) if heads else None
     if result is not None and result.committed:
         # The decoder drafts in the policy's dtype; the consolidator keeps float32 heads to train.
         p = next(model.parameters())
         arm.engine.decoder.set_heads(copy.deepcopy(arm.consolidator.heads).to(device=p.device, dtype=p.dtype))
+    check = arm.consolidator.last_check  # the detector's view of this step, for tuning it
     return {"records": 0 if records is None else len(records), "heads_to_train": heads,
             "update": None if result is None else asdict(result),
+            "drift_check": None if check is None else {
+                "z": check.z.tolist(), "acceptance_drop": check.acceptance_drop.tolist(),
+                "degraded": check.degraded.tolist()},
             "detector_triggers": arm.consolidator.detector.triggers, "consolidation_s": time.perf_counter() - started}
 
 
@@ -367,6 +373,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     # this keeps its window until it has enough, so head 2 is checked every other round.
     ap.add_argument("--min-records", type=int, default=32, help="detector: matured records a head needs to be checked")
     ap.add_argument("--consecutive", type=int, default=2, help="detector: degraded checks in a row that trigger")
+    ap.add_argument("--z-threshold", type=float, default=DriftConfig.z_threshold,
+                    help="detector: robust z of TV above which a head may be degraded (0: TV at least its baseline)")
+    ap.add_argument("--min-acceptance-drop", type=float, default=DriftConfig.min_acceptance_drop,
+                    help="detector: acceptance drop from the baseline a degraded head also needs")
     ap.add_argument("--records-per-rollout", type=int, default=512, help="record sample a generate call sends")
     ap.add_argument("--head-lr", type=float, default=1e-5, help="consolidation AdamW lr (design default 1e-5)")
     ap.add_argument("--head-steps", type=int, default=2, help="consolidation optimiser steps per update")
