@@ -107,5 +107,6 @@ def test_each_optimiser_step_trains_on_a_sample_of_at_most_batch_records(drift):
                                     ConsolidationConfig(lr=3e-3, steps=20, batch_records=256))
     consolidator.observe(telemetry, records, policy_version=0)
     result = consolidator.update([0, 1, 2, 3], policy.lm_head.weight, policy.embed_tokens.weight)
-    assert result.train_records > 4 * 256 and result.step_records == 256  # the update's cost no longer grows with the replay
+    # The update's cost no longer grows with the replay.
+    assert result.train_records > 4 * 256 and result.step_records == 256
     assert result.committed and result.ce_after < result.ce_before

@@ -149,7 +149,8 @@ def main(argv=None) -> dict:
     # (case, shape) per model; tiny stand-ins for a dry run; shape None: SmolLM2's weights.
     if args.dry_run:
         by_model = {"smollm2": [(Case("tiny-llama", "float32", b, 8, 6), None) for b in (1, 4)],
-                    "qwen2.5-1.5b": [(Case("tiny-qwen2", bf16, 4, 8, 6), {"qkv_bias": True, "tie_word_embeddings": True})]}
+                    "qwen2.5-1.5b": [(Case("tiny-qwen2", bf16, 4, 8, 6),
+                                      {"qkv_bias": True, "tie_word_embeddings": True})]}
     else:
         by_model = {"smollm2": [(Case("smollm2", small, b, 128, 128), None) for b in (1, 32)],
                     "qwen2.5-1.5b": [(Case("qwen2.5-1.5b-shape", bf16, 64, 128, 128), QWEN2_5_1_5B_SHAPE)]}

@@ -190,8 +190,8 @@ class HeadConsolidator:
             self.heads.load_state_dict(saved[0])
             self.optimizer.load_state_dict(saved[1])
         result = UpdateResult(tuple(sorted(trained)), committed, self.heads.version, len(train), step_records,
-                              len(held_out),
-                              ce_before, ce_after, tv_before, tv_after, loss, time.perf_counter() - started)
+                              len(held_out), ce_before, ce_after, tv_before, tv_after, loss,
+                              time.perf_counter() - started)
         self.updates.append(result)
         return result
 
