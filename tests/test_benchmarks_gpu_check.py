@@ -19,9 +19,14 @@ def test_gpu_check_dry_run_times_every_case_against_its_floors(tmp_path):
     assert result["spec_vs_plain"] == {"skipped": "dry run"}
 
     # --models splits the check (each compiled shape takes minutes on a fresh GPU machine).
+    # --profile names the ops a step spends its time in (the decoder layers' matmuls among them).
     gpu_check.main(["--dry-run", "--device", "cpu", "--no-compile", "--no-spec", "--models", "qwen2.5-1.5b",
-                    "--json", str(path)])
-    assert [t["case"]["model"] for t in json.loads(path.read_text())["timings"]] == ["tiny-qwen2"]
+                    "--profile", "--json", str(path)])
+    (timing,) = json.loads(path.read_text())["timings"]
+    assert timing["case"]["model"] == "tiny-qwen2"
+    ops = {name: (ms, calls) for name, ms, calls in timing["top_ops"]}
+    assert len(ops) == 15 and all(ms >= 0 and calls > 0 for ms, calls in ops.values())
+    assert ops["aten::addmm"][1] >= 2  # per step: the qkv projection (with bias) of each of the 2 layers
 
 
 def test_sampler_and_learner_agree_in_fp32_and_drift_apart_in_bf16():

@@ -58,6 +58,7 @@ class Timing:
     compile_s: float  # in the warm-up call
     weight_floor_ms: float
     matmul_floor_ms: float
+    top_ops: list | None = None  # with --profile: the ops that took the most time, per decode step
 
     def record(self) -> dict:
         return asdict(self) | {"times_weight_floor": self.decode_ms_per_step / self.weight_floor_ms,
@@ -84,7 +85,22 @@ def smollm2(policy: str, dtype: torch.dtype, device: torch.device, dry_run: bool
         return random_model(SMOLLM2_SHAPE, dtype, device), "smollm2-135m-shape"
 
 
-def time_case(model, case: Case, compiled: bool, floors: dict, device: torch.device) -> Timing:
+def profile_ops(engine: RolloutEngine, prompts, params: SamplingParams, device: torch.device, top: int = 15) -> list:
+    """(op, milliseconds per decode step, calls per decode step) of the `top` ops by self time on
+    the device (GPU kernels on CUDA, CPU ops elsewhere) over one more generate call, prefill included."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if on_cuda else ProfilerActivity.CPU]) as prof:
+        out = engine.generate(prompts, params)
+        synchronize(device)
+    steps = max(out.stats["steps"], 1)
+    key = "self_device_time_total" if on_cuda else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
+    return [(e.key, getattr(e, key) / 1e3 / steps, e.count / steps) for e in events]
+
+
+def time_case(model, case: Case, compiled: bool, floors: dict, device: torch.device, profile: bool = False) -> Timing:
     engine = RolloutEngine(model, compile=compiled)
     generator = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, model.config.vocab_size, (case.batch_size, case.prompt_len), generator=generator).tolist()
@@ -102,7 +118,8 @@ def time_case(model, case: Case, compiled: bool, floors: dict, device: torch.dev
     matmul_floor_s = decode_step_flops(model, rows, context) / (floors["matmul_gflops"] * 1e9)
     weight_floor_s = weight_bytes_per_step(model) / (floors["bandwidth_gbs"] * 1e9)
     return Timing(case, compiled, decode_s / steps * 1e3, (out.stats["tokens"] - case.batch_size) / decode_s,
-                  out.stats["prefill_s"], warm.stats.get("compile_s", 0.0), weight_floor_s * 1e3, matmul_floor_s * 1e3)
+                  out.stats["prefill_s"], warm.stats.get("compile_s", 0.0), weight_floor_s * 1e3, matmul_floor_s * 1e3,
+                  profile_ops(engine, prompts, params, device) if profile else None)
 
 
 def measure_floors(device: torch.device, dtypes: set[str], dry_run: bool) -> dict:
@@ -135,6 +152,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="tiny models and few tokens (checks the script on a CPU)")
     parser.add_argument("--no-compile", action="store_true", help="eager only")
     parser.add_argument("--no-spec", action="store_true", help="skip spec_vs_plain")
+    parser.add_argument("--profile", action="store_true", help="also record each case's costliest ops per step")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS, help="shapes to time")
     parser.add_argument("--policy", default=SMOLLM2,
                         help="SmolLM2-135M-Instruct's weights: the alias, or a GGUF file / HF directory of them")
@@ -174,7 +192,7 @@ def main(argv=None) -> dict:
         case_floors = {"bandwidth_gbs": floors["bandwidth_gbs"], "matmul_gflops": floors["matmul_gflops_by_dtype"][case.dtype]}
         for compiled in (False,) if args.no_compile else (False, True):
             try:
-                timing = time_case(model, case, compiled, case_floors, device)
+                timing = time_case(model, case, compiled, case_floors, device, args.profile)
             except Exception:  # one failing case must not lose the others' measurements
                 result["errors"].append({"case": asdict(case), "compiled": compiled, "error": traceback.format_exc()})
                 print(result["errors"][-1]["error"])
