@@ -58,7 +58,7 @@ class Timing:
     compile_s: float  # in the warm-up call
     weight_floor_ms: float
     matmul_floor_ms: float
-    top_ops: list | None = None  # with --profile: the ops that took the most time, per decode step
+    top_ops: list | None = None  # with --profile: (op, ms, calls) per decode step, prefill included
 
     def record(self) -> dict:
         return asdict(self) | {"times_weight_floor": self.decode_ms_per_step / self.weight_floor_ms,
