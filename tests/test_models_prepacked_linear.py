@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from specroll.models import CausalLM, tiny_config
-from specroll.models.prepacked_linear import PackedWeight, PrepackedLinear, packed_linear
+from specroll.models.prepacked_linear import PackedWeight, PrepackedLinear, packed_copy_of, packed_linear
 
 
 def packed_layer(bias: bool = True, seed: int = 0) -> PrepackedLinear:
@@ -26,7 +26,7 @@ def test_matches_f_linear_for_any_row_count_and_layout():
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
         x = torch.randn(5, 3, 24).transpose(0, 1)  # not contiguous
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    assert layer._packed.packed is not None  # the packed path really ran
+    assert packed_copy_of(layer.weight).packed is not None  # the packed path really ran
 
 
 def test_repacks_after_in_place_update_and_new_storage():
@@ -83,3 +83,31 @@ def test_a_used_packed_layer_can_be_deep_copied_and_pickled():
         expected = layer(x)
         for copy_ in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
             torch.testing.assert_close(copy_(x), expected)
+
+
+def test_compiled_layer_matches_f_linear_and_follows_weight_updates():
+    """Compiled, one row is a streamed reduction over the weight and several rows go through the
+    packed copy (an op inductor leaves alone); both see an in-place weight update."""
+    layer = packed_layer()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    with torch.no_grad():
+        for shape in [(1, 24), (1, 1, 24), (5, 24), (2, 3, 24)]:
+            x = torch.randn(*shape)
+            out = compiled(x)
+            assert out.shape == (*shape[:-1], 40)
+            torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        layer.load_state_dict({"weight": torch.randn(40, 24), "bias": torch.randn(40)})
+        for shape in [(1, 24), (5, 24)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(compiled(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert packed_copy_of(layer.weight).packed is not None
+
+
+def test_packed_copy_is_dropped_with_its_weight():
+    from specroll.models import prepacked_linear
+    weight = torch.randn(40, 24)
+    packed_copy_of(weight).get((weight,), lambda: weight)
+    key = id(weight)
+    assert key in prepacked_linear._packed_by_weight
+    del weight
+    assert key not in prepacked_linear._packed_by_weight

@@ -5,6 +5,9 @@ prefix (`lengths[b] .. lengths[b] + T`), whatever those T tokens are: a prompt, 
 token, or a draft tree. Which appended slots survive is decided afterwards by the caller:
 `commit` keeps the first k of them (linear decoding), `commit_gather` moves an arbitrary
 subset into place (the accepted path of a tree). Slots beyond `lengths` are never read.
+
+Each layer has its own key and value tensors: a compiled step then writes and reads them in
+place, where slices of one tensor for all layers made inductor copy the attended span per layer.
 """
 from __future__ import annotations
 
@@ -23,9 +26,10 @@ class KVCache:
         device: torch.device | str | None = None,  # None: torch's default device
         live_rows: int | None = None,
     ) -> None:
-        shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (batch_size, num_kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.rows = batch_size  # rows allocated
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.max_len = max_len
         # Rows 0..batch_size-1 are live; `batch_size` rows are allocated, `live_rows` start live
@@ -53,12 +57,12 @@ class KVCache:
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new keys / values ([B, H, T, D]) at `slots` ([B, T])."""
         rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
-        self.k[layer, rows, :, slots] = k.transpose(1, 2)
-        self.v[layer, rows, :, slots] = v.transpose(1, 2)
+        self.k[layer][rows, :, slots] = k.transpose(1, 2)
+        self.v[layer][rows, :, slots] = v.transpose(1, 2)
 
     def view(self, layer: int, batch: int, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the first `num_slots` slots of the `batch` live rows, [B, H, S, D]."""
-        return self.k[layer, :batch, :, :num_slots], self.v[layer, :batch, :, :num_slots]
+        return self.k[layer][:batch, :, :num_slots], self.v[layer][:batch, :, :num_slots]
 
     def attention_mask(self, new_token_mask: torch.Tensor, span: int | None = None) -> torch.Tensor:
         """Which slots each new token may attend to, [B, 1, T, S].
@@ -95,14 +99,11 @@ class KVCache:
         base = self.lengths[:batch, None]
         src = base + node_index
         dst = base + torch.arange(width, device=node_index.device)
-        # Gather first (all sources read before any destination is written). Row and slot
-        # indices are split by a slice, so indexing puts their dims first: [B, W, L, H, D].
-        k = self.k[:, rows, :, src]
-        v = self.v[:, rows, :, src]
         valid = torch.arange(width, device=node_index.device)[None, :] < counts[:, None]
         r, c = rows[valid], dst[valid]
-        self.k[:, r, :, c] = k[valid]
-        self.v[:, r, :, c] = v[valid]
+        for cache in (*self.k, *self.v):
+            # Gather first (all sources read before any destination is written): [B, W, H, D].
+            cache[r, :, c] = cache[rows, :, src][valid]
         self.lengths[:batch] += counts
 
     def keep_rows(self, rows: torch.Tensor) -> None:
@@ -118,21 +119,21 @@ class KVCache:
             src = rows[moved]
             dst = torch.arange(n, device=rows.device)[moved]
             used = int(self.lengths[src].max())
-            self.k[:, dst, :, :used] = self.k[:, src, :, :used]
-            self.v[:, dst, :, :used] = self.v[:, src, :, :used]
+            for cache in (*self.k, *self.v):
+                cache[dst, :, :used] = cache[src, :, :used]
             self.lengths[dst] = self.lengths[src]
         self.batch_size = n
 
     def repeat_rows(self, repeats: int) -> None:
         """Row b becomes rows b*repeats .. b*repeats+repeats-1 (a prompt's n samples share its prefill)."""
         n = self.batch_size
-        if n * repeats > self.k.shape[1]:
-            raise ValueError(f"cannot repeat {n} rows {repeats} times: cache has {self.k.shape[1]} rows")
+        if n * repeats > self.rows:
+            raise ValueError(f"cannot repeat {n} rows {repeats} times: cache has {self.rows} rows")
         used = int(self.lengths[:n].max())
         # Walk backwards so no source row is overwritten before it is copied.
         for b in range(n - 1, -1, -1):
             dst = slice(b * repeats, (b + 1) * repeats)
-            self.k[:, dst, :, :used] = self.k[:, b : b + 1, :, :used]
-            self.v[:, dst, :, :used] = self.v[:, b : b + 1, :, :used]
+            for cache in (*self.k, *self.v):
+                cache[dst, :, :used] = cache[b : b + 1, :, :used]
             self.lengths[dst] = self.lengths[b].clone()  # a view of the same tensor: CUDA refuses the overlap
         self.batch_size = n * repeats

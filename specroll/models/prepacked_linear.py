@@ -8,7 +8,9 @@ few-row product, so without this a tree costs several plain steps and speculatio
 pay on CPU. GPUs (and training, which needs gradients) keep `F.linear`.
 
 The packed copy is rebuilt whenever the weight changes (another tensor, or an in-place update
-such as `load_state_dict` during weight sync), so it can never serve stale weights.
+such as `load_state_dict` during weight sync), so it can never serve stale weights. A compiled
+step reaches it through the `specroll::prepacked_linear` op, which takes the plain weight and
+looks its packed copy up: inductor cannot take oneDNN-layout tensors as inputs.
 """
 from __future__ import annotations
 
@@ -56,13 +58,41 @@ class PackedWeight:
 
 
 def uses_packed_weight(x: torch.Tensor) -> bool:
-    """Packed weights serve eager CPU inference; training (autograd), GPUs and compiled steps
-    (inductor cannot take oneDNN-layout inputs) use F.linear."""
-    return x.device.type == "cpu" and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    """Packed weights serve CPU inference; training (autograd) and GPUs use F.linear."""
+    return x.device.type == "cpu" and not torch.is_grad_enabled()
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+# The packed copy of each weight, dropped when the weight is freed.
+_packed_by_weight: dict[int, PackedWeight] = {}
+
+
+def packed_copy_of(weight: torch.Tensor) -> PackedWeight:
+    key = id(weight)
+    if key not in _packed_by_weight:
+        _packed_by_weight[key] = PackedWeight()
+        weakref.finalize(weight, _packed_by_weight.pop, key, None)
+    return _packed_by_weight[key]
+
+
+def linear_by_packed_copy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`, multiplied by `weight`'s packed copy where it can be packed."""
+    packed = packed_copy_of(weight).get((weight,), lambda: weight)
+    return F.linear(x, weight, bias) if packed is None else packed_linear(x, packed, bias)
+
+
+@torch.library.custom_op("specroll::prepacked_linear", mutates_args=())
+def prepacked_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`linear_by_packed_copy` as one op that inductor leaves alone, so compiled steps use packed weights too."""
+    return linear_by_packed_copy(x, weight, bias)
+
+
+@prepacked_linear_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 def set_prepacked(module: nn.Module, enabled: bool) -> None:
@@ -78,11 +108,15 @@ class PrepackedLinear(nn.Linear):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.prepacked = False
-        self._packed = PackedWeight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.prepacked and uses_packed_weight(x):
-            packed = self._packed.get((self.weight,), lambda: self.weight)
-            if packed is not None:
-                return packed_linear(x, packed, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        if not (self.prepacked and uses_packed_weight(x)):
+            return F.linear(x, self.weight, self.bias)
+        if not torch.compiler.is_compiling():
+            return linear_by_packed_copy(x, self.weight, self.bias)
+        if x.shape[:-1].numel() == 1:
+            # One row: inductor turns this into one pass over the weight at memory speed, where
+            # sgemm and oneDNN reach about half of it.
+            out = (x[..., None, :] * self.weight).sum(-1)
+            return out if self.bias is None else out + self.bias
+        return prepacked_linear_op(x, self.weight, self.bias)

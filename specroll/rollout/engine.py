@@ -189,14 +189,14 @@ class RolloutEngine:
         """An empty KV cache of at least `rows` x `max_len`, the previous call's when it fits."""
         p = next(self.model.parameters())
         cache = self.cache
-        if cache is None or cache.k.shape[1] < rows or cache.max_len < max_len or cache.k.dtype != p.dtype \
-                or cache.k.device != p.device:
+        if cache is None or cache.rows < rows or cache.max_len < max_len or cache.k[0].dtype != p.dtype \
+                or cache.k[0].device != p.device:
             self.cache = cache = None  # free the old one before allocating
             cache = KVCache.for_model(self.model, rows, max_len)
             if getattr(self.decoder, "compiled_on_cuda", False):
                 # CUDA graphs write the cache in place: it must stay at one address.
-                torch._dynamo.mark_static_address(cache.k)
-                torch._dynamo.mark_static_address(cache.v)
+                for tensor in (*cache.k, *cache.v):
+                    torch._dynamo.mark_static_address(tensor)
             self.cache = cache
         cache.lengths.zero_()
         cache.batch_size = live_rows
