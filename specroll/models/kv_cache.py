@@ -99,11 +99,14 @@ class KVCache:
         base = self.lengths[:batch, None]
         src = base + node_index
         dst = base + torch.arange(width, device=node_index.device)
-        valid = torch.arange(width, device=node_index.device)[None, :] < counts[:, None]
-        r, c = rows[valid], dst[valid]
+        # Row-major offsets of (row, head, slot) in a layer's [rows, heads, slots] vectors. Entries
+        # past a row's count are copied too: they land beyond its new length, where nothing is read.
+        heads, slots = self.k[0].shape[1:3]
+        first = (rows[:, :, None] * heads + torch.arange(heads, device=rows.device)) * slots
+        from_index, to_index = (first + src[:, :, None]).flatten(), (first + dst[:, :, None]).flatten()
         for cache in (*self.k, *self.v):
-            # Gather first (all sources read before any destination is written): [B, W, H, D].
-            cache[r, :, c] = cache[rows, :, src][valid]
+            vectors = cache.view(-1, cache.shape[-1])
+            vectors.index_copy_(0, to_index, vectors.index_select(0, from_index))  # all read before any write
         self.lengths[:batch] += counts
 
     def keep_rows(self, rows: torch.Tensor) -> None:
