@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from specroll.models import CausalLM, tiny_config
+from specroll.models import prepacked_linear
 from specroll.models.prepacked_linear import PackedWeight, PrepackedLinear, packed_copy_of, packed_linear
 
 
@@ -104,7 +105,6 @@ def test_compiled_layer_matches_f_linear_and_follows_weight_updates():
 
 
 def test_packed_copy_is_dropped_with_its_weight():
-    from specroll.models import prepacked_linear
     weight = torch.randn(40, 24)
     packed_copy_of(weight).get((weight,), lambda: weight)
     key = id(weight)
