@@ -133,3 +133,15 @@ def test_compiled_verify_forward_generates_what_the_eager_one_does(model):
     compiled = RolloutEngine(model, spec=spec, compile=True).generate(PROMPTS, params)
     assert compiled.token_ids == eager.token_ids and compiled.finish_reasons == eager.finish_reasons
     assert compiled.stats["verify_steps"] == eager.stats["verify_steps"]
+
+
+def test_a_compiled_cost_model_profiles_the_steps_it_runs(model, tmp_path, monkeypatch):
+    """A compiled decoder's hardware profile times its own compiled steps (cached apart from
+    the eager profile), so the graphs it compiled are the ones generating needs."""
+    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
+    spec = SpecConfig(heads_path=None, budget="cost_model", max_nodes=8, profile_cache_len=32)
+    engine = RolloutEngine(model, spec=spec, compile=True)
+    assert engine.decoder.profile.compiled
+    assert engine.decoder.compile_stats()["compiles"] >= 2  # the plain step and the verify forward
+    out = engine.generate(PROMPTS, SamplingParams(max_new_tokens=20, n=2, seed=1))
+    assert out.stats["compiles"] == 0 and out.stats["verify_steps"] > 0

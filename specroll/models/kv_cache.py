@@ -42,6 +42,11 @@ class KVCache:
         p = next(model.parameters())
         return cls(cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim, p.dtype, p.device, live_rows)
 
+    def mark_static(self) -> None:
+        """Tell torch.compile the tensors stay at one address (CUDA graphs write them in place)."""
+        for tensor in (*self.k, *self.v):
+            torch._dynamo.mark_static_address(tensor)
+
     # -- used by the attention layers during a forward ------------------------------------
     def append_slots(self, batch: int, num_new: int, span: int | None = None) -> torch.Tensor:
         """Slot index of every new token of the `batch` live rows, [B, T]. Without `span` it raises

@@ -70,8 +70,7 @@ class DecodeState:
     def span(self, num_new: int) -> int:
         """Cache slots a step of `num_new` tokens per row attends to: the bound on the longest
         row plus the new tokens, rounded up to a SPAN_BUCKET multiple (a fixed shape)."""
-        need = self.cached_bound + num_new
-        return min(-(-need // SPAN_BUCKET) * SPAN_BUCKET, self.cache.max_len)
+        return span_bucket(self.cached_bound + num_new, self.cache.max_len)
 
     def keep(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
@@ -85,6 +84,11 @@ class DecodeState:
         self.rng.keep(rows)
         if self.drafter_state is not None:
             self.drafter_state.keep(rows)
+
+
+def span_bucket(need: int, max_len: int) -> int:
+    """`need` cache slots rounded up to a SPAN_BUCKET multiple, at most `max_len`."""
+    return min(-(-need // SPAN_BUCKET) * SPAN_BUCKET, max_len)
 
 
 def decode_one_token(model, tokens: torch.Tensor, cache: KVCache, span: int, keys: torch.Tensor,
@@ -194,9 +198,7 @@ class RolloutEngine:
             self.cache = cache = None  # free the old one before allocating
             cache = KVCache.for_model(self.model, rows, max_len)
             if getattr(self.decoder, "compiled_on_cuda", False):
-                # CUDA graphs write the cache in place: it must stay at one address.
-                for tensor in (*cache.k, *cache.v):
-                    torch._dynamo.mark_static_address(tensor)
+                cache.mark_static()
             self.cache = cache
         cache.lengths.zero_()
         cache.batch_size = live_rows

@@ -13,8 +13,8 @@ from functools import partial
 import torch
 
 from ..rollout.compiled_step import StepFunction
-from ..rollout.engine import DecodeState, PlainDecoder, StepResult
-from ..rollout.sampling import sampling_logprobs
+from ..rollout.engine import DecodeState, PlainDecoder, StepResult, span_bucket
+from ..rollout.sampling import SamplingParams, sampling_logprobs
 from .budget import concurrency_budget, cost_model_budget, resolve_budget, speculation_may_pay
 from .config import SpecConfig
 from .head_records import RecordCollector
@@ -81,7 +81,7 @@ class SpecDecoder:
         self.profile = None
         self.budget = resolve_budget(cfg.budget, next(model.parameters()).device.type)
         if self.budget == "cost_model" or (self.budget == "concurrency" and cfg.capacity is None):
-            self.profile = get_profile(model, cfg.profile_cache_len)
+            self.profile = get_profile(model, cfg.profile_cache_len, self.profiled_pass if compile else None)
         self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
         # Cost model: EMA of drafting seconds by the depth drafted (index 0: no drafting).
         self.draft_s = [0.0] * (self.heads.num_heads + 1)
@@ -90,6 +90,18 @@ class SpecDecoder:
         self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout)
                         if cfg.uses_slow_path else None)
         self.reset_stats()
+
+    def profiled_pass(self, ids: torch.Tensor, cache, mask: torch.Tensor) -> None:
+        """One hardware-profile cell through this decoder's own steps: the plain step (sampling at
+        the default temperature 1) for one node per row, the verify forward for a chain of more."""
+        batch, nodes = ids.shape
+        span = span_bucket(int(cache.lengths[:batch].max()) + nodes, cache.max_len)
+        if nodes == 1:
+            keys, counters = (torch.zeros(batch, dtype=torch.long, device=ids.device) for _ in range(2))
+            self.plain.decode(self.model, ids[:, 0], cache, span, keys, counters, SamplingParams())
+        else:
+            positions = cache.lengths[:batch, None] + torch.arange(nodes, device=ids.device)
+            self.verify_forward(self.model, ids, positions, cache, mask, span)
 
     def set_heads(self, heads: HorizonHeads) -> None:
         """Use `heads` from the next step on (call between generate calls) and recalibrate."""

@@ -2,7 +2,9 @@
 
 C_hw is the largest total node count (rows x nodes) whose verify forward stays within
 `slack` (1.25x) of a one-token decode step at batch 1. Profiles are cached per model,
-device, dtype and cache length, so the engine measures once.
+device, dtype, cache length and whether the steps run compiled, so the engine measures once.
+A compiled decoder has its profile time its own compiled steps (`timed_pass`): timing eager
+forwards would make its (faster) plain step look slow and speculation look cheap.
 
 Command: python -m specroll.spec.profile --model smollm2-135m-instruct [--dtype float32]
 """
@@ -12,6 +14,7 @@ import argparse
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +43,7 @@ class HardwareProfile:
     latency_s: list[list[float]]  # [batch index][nodes index], median seconds
     slack: float = 1.25
     capacity: int = field(default=0)  # C_hw
+    compiled: bool = False  # timed through the decoder's compiled steps
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)
@@ -72,19 +76,20 @@ class HardwareProfile:
         return max(fits, default=1)
 
     @staticmethod
-    def cache_path(model: str, device: str, dtype: str, cache_len: int) -> Path:
+    def cache_path(model: str, device: str, dtype: str, cache_len: int, compiled: bool = False) -> Path:
         safe = model.replace("/", "_")
-        return cache_root() / "profiles" / f"{safe}-{device}-{dtype}-L{cache_len}-v{PROFILE_VERSION}.json"
+        steps = "-compiled" if compiled else ""
+        return cache_root() / "profiles" / f"{safe}-{device}-{dtype}{steps}-L{cache_len}-v{PROFILE_VERSION}.json"
 
     def save(self) -> Path:
-        path = self.cache_path(self.model, self.device, self.dtype, self.cache_len)
+        path = self.cache_path(self.model, self.device, self.dtype, self.cache_len, self.compiled)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(asdict(self), indent=1))
         return path
 
     @classmethod
-    def load(cls, model: str, device: str, dtype: str, cache_len: int) -> "HardwareProfile | None":
-        path = cls.cache_path(model, device, dtype, cache_len)
+    def load(cls, model: str, device: str, dtype: str, cache_len: int, compiled: bool = False) -> "HardwareProfile | None":
+        path = cls.cache_path(model, device, dtype, cache_len, compiled)
         return cls(**json.loads(path.read_text())) if path.is_file() else None
 
 
@@ -96,23 +101,33 @@ def extrapolated_interp(x: float, xs: list[int], ys) -> float:
     return float(ys[-1] + slope * (x - xs[-1]))
 
 
+def eager_pass(model, ids: torch.Tensor, cache: KVCache, mask: torch.Tensor) -> None:
+    """The model's eager forward over `ids` [B, n] with ancestor `mask` [B, n, n]."""
+    model(ids, cache=cache, new_token_mask=mask)
+
+
 @torch.inference_mode()
 def measure_profile(model, cache_len: int = 256, batch_sizes=None, nodes=None, repeats: int = 5,
-                    show_progress: bool = False) -> HardwareProfile:
+                    show_progress: bool = False, timed_pass=None) -> HardwareProfile:
     """Median verify latency per (batch, nodes) cell over `repeats` rounds of the whole grid.
 
     Rounds sweep every cell in turn, so a burst of load from elsewhere on a shared machine
-    lands on all cells alike instead of skewing the few it happens to hit.
+    lands on all cells alike instead of skewing the few it happens to hit. `timed_pass(ids,
+    cache, mask)` is the pass to time (a compiled decoder's own steps); None: `eager_pass`.
     """
     batch_sizes = batch_sizes or QUICK_GRID["batch_sizes"]
     nodes = nodes or QUICK_GRID["nodes"]
     model.use_prepacked_linears()  # measure the forward the rollout engine runs
     p = next(model.parameters())
     cfg = model.config
+    compiled = timed_pass is not None
     caches = {}
     for batch in batch_sizes:
         caches[batch] = KVCache.for_model(model, batch, cache_len + max(nodes))
         caches[batch].lengths[:] = cache_len
+        if compiled and p.device.type == "cuda":
+            caches[batch].mark_static()  # as the engine's cache for compiled steps
+    timed_pass = timed_pass or partial(eager_pass, model)
     cells = [(bi, ni) for bi in range(len(batch_sizes)) for ni in range(len(nodes))]
     times = {cell: [] for cell in cells}
     rounds = range(repeats + 1)  # round 0 warms up and is dropped
@@ -125,7 +140,7 @@ def measure_profile(model, cache_len: int = 256, batch_sizes=None, nodes=None, r
             mask = torch.ones(n, n, dtype=torch.bool, device=p.device).tril().expand(batch, n, n)
             synchronize(p.device)
             t0 = time.perf_counter()
-            model(ids, cache=caches[batch], new_token_mask=mask)
+            timed_pass(ids, caches[batch], mask)
             synchronize(p.device)
             if round_index > 0:
                 times[(bi, ni)].append(time.perf_counter() - t0)
@@ -133,19 +148,20 @@ def measure_profile(model, cache_len: int = 256, batch_sizes=None, nodes=None, r
     progress.close()
     table = [[float(np.median(times[(bi, ni)])) for ni in range(len(nodes))] for bi in range(len(batch_sizes))]
     prof = HardwareProfile(cfg.name or "unnamed", p.device.type, str(p.dtype).removeprefix("torch."),
-                           cache_len, list(batch_sizes), list(nodes), table)
+                           cache_len, list(batch_sizes), list(nodes), table, compiled=compiled)
     prof.capacity = prof.derive_capacity()
     return prof
 
 
-def get_profile(model, cache_len: int = 256) -> HardwareProfile:
-    """The cached profile for this model / device / dtype, or a quick measurement (then cached)."""
+def get_profile(model, cache_len: int = 256, compiled_pass=None) -> HardwareProfile:
+    """The cached profile for this model / device / dtype, or a quick measurement (then cached).
+    `compiled_pass(ids, cache, mask)`: a compiled decoder's steps, timed instead of the eager forward."""
     p = next(model.parameters())
     dtype = str(p.dtype).removeprefix("torch.")
     name = model.config.name or "unnamed"
-    prof = HardwareProfile.load(name, p.device.type, dtype, cache_len)
+    prof = HardwareProfile.load(name, p.device.type, dtype, cache_len, compiled=compiled_pass is not None)
     if prof is None:
-        prof = measure_profile(model, cache_len)
+        prof = measure_profile(model, cache_len, timed_pass=compiled_pass)
         if model.config.name:
             prof.save()
     return prof
