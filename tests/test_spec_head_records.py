@@ -8,6 +8,9 @@ from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import SpecConfig
 from specroll.spec.head_records import sketch_tv_and_nll
+from specroll.spec.maturation import Proposal, node_paths, tree_proposals
+from specroll.spec.tree import DraftTree
+from specroll.spec.verify import Verdict
 
 
 @pytest.fixture(scope="module")
@@ -15,8 +18,9 @@ def model():
     return build_tiny_model(vocab_size=64, init_std=0.1, seed=3).requires_grad_(False)
 
 
-def slow_path_rollout(model, params, cap=10_000):
-    cfg = SpecConfig(heads_path=None, budget="fixed", fixed_nodes=8, adaptation="slow", records_per_rollout=cap)
+def slow_path_rollout(model, params, cap=10_000, record_nodes="path"):
+    cfg = SpecConfig(heads_path=None, budget="fixed", fixed_nodes=8, adaptation="slow", records_per_rollout=cap,
+                     record_nodes=record_nodes)
     engine = RolloutEngine(model, spec=cfg)
     out = engine.generate([[3, 4, 5], [6, 7], [9, 1, 2, 8]], params)
     return out, *engine.decoder.pop_head_records()
@@ -56,3 +60,44 @@ def test_sketch_tv_and_nll_by_hand():
     torch.testing.assert_close(nll, -torch.tensor([0.3]).log())
     _, nll = sketch_tv_and_nll(target_logp, target_ids, head_logp, head_ids, torch.tensor([5]), torch.tensor([0.1]).log())
     torch.testing.assert_close(nll, -torch.tensor([0.1]).log())  # outside the sketch: the tail's mass
+
+
+def test_tree_records_add_the_verified_nodes_off_the_path(model):
+    """record_nodes="tree": the path's records (with their realised token) plus every other node a
+    head drafted from, which has none; every record still starts from the root it was drafted at."""
+    params = SamplingParams(temperature=0, max_new_tokens=40, n=2)
+    _, telemetry, path = slow_path_rollout(model, params)
+    _, _, tree = slow_path_rollout(model, params, record_nodes="tree")
+    tree.validate()
+    on_path = tree.token >= 0
+    assert int(on_path.sum()) == len(path) == int(telemetry.records.sum())
+    assert (~on_path).sum() > 0
+    assert (tree.token[on_path] == tree.target_ids[on_path, 0]).all()  # greedy: the realised token is the top one
+    root = (tree.hidden.float() @ model.lm_head.weight.T).argmax(dim=1)
+    assert (root == tree.path_tokens[:, 0]).all()
+    with pytest.raises(ValueError, match="record_nodes"):
+        SpecConfig(heads_path=None, record_nodes="everything")
+
+
+def hand_tree():
+    """Root 10; node 1 = 11 and node 2 = 12 below it, node 3 = 13 below node 1 (candidates 0, 1, 2).
+    Heads drafted from the root, from nodes 1 and 2, and from node 3; the path accepts node 2."""
+    tree = DraftTree(tokens=torch.tensor([[11, 12, 13]]), parents=torch.tensor([[0, 0, 1]]),
+                     depths=torch.tensor([[1, 1, 2]]), valid=torch.ones(1, 3, dtype=torch.bool),
+                     head_probs=torch.ones(1, 3), candidates=torch.tensor([[0, 1, 2]]))
+    sketch = lambda f: (torch.zeros(1, f, 2), torch.zeros(1, f, 2, dtype=torch.long))  # noqa: E731
+    proposals = [Proposal(torch.tensor([[-1]]), *sketch(1)), Proposal(torch.tensor([[0, 1]]), *sketch(2)),
+                 Proposal(torch.tensor([[2]]), *sketch(1))]
+    verdict = Verdict(path=torch.tensor([[0, 2, 2]]), counts=torch.tensor([2]), tokens=torch.tensor([[12, 40, 0]]),
+                      logprobs=torch.zeros(1, 3), accepted_at_depth=torch.tensor([[True, False]]),
+                      reached_node_prob=torch.zeros(1, 2))
+    return tree, proposals, verdict
+
+
+def test_tree_proposals_and_node_paths_by_hand():
+    tree, proposals, verdict = hand_tree()
+    matured, on_path = tree_proposals(proposals, tree, verdict)
+    assert matured.depth.tolist() == [0, 1, 1, 2] and matured.node.tolist() == [0, 1, 2, 3]
+    assert on_path.tolist() == [True, False, True, False]
+    assert matured.children.tolist() == [[11, 12, -1], [-1, -1, 13], [-1, -1, -1], [-1, -1, -1]]
+    assert node_paths(tree, torch.tensor([10]), 3).tolist() == [[[10, 0, 0], [10, 11, 0], [10, 12, 0], [10, 11, 13]]]

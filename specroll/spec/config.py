@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from .budget import BUDGET_POLICIES
 from .consolidation import ConsolidationConfig
 from .drift import DriftConfig
+from .head_records import RECORD_NODES
 from .heads import HEAD_TYPES
 from .reflex import ReflexConfig
 
@@ -42,6 +43,7 @@ class SpecConfig:
     adaptation: str = "static"  # how drafts follow the moving policy: static | reflex | slow | both | every_step
     reflex: ReflexConfig = field(default_factory=ReflexConfig)  # Reflex knobs (adaptation reflex, both, every_step)
     records_per_rollout: int = 512  # slow path: matured records a generate call sends, a uniform sample
+    record_nodes: str = "path"  # slow path: records from the accepted path (path) or every verified node (tree)
     drift: DriftConfig = field(default_factory=DriftConfig)  # slow path: when a head-only update is triggered
     consolidation: ConsolidationConfig = field(default_factory=ConsolidationConfig)  # slow path: the update itself
 
@@ -72,6 +74,8 @@ class SpecConfig:
             raise ValueError(f"spec.adaptation must be one of {ADAPTATION_MODES}, got {self.adaptation!r}")
         if self.records_per_rollout < 1:
             raise ValueError(f"spec.records_per_rollout must be >= 1, got {self.records_per_rollout}")
+        if self.record_nodes not in RECORD_NODES:
+            raise ValueError(f"spec.record_nodes must be one of {RECORD_NODES}, got {self.record_nodes!r}")
         if not 0 <= self.calibration_momentum < 1:
             raise ValueError(f"spec.calibration_momentum must be in [0, 1), got {self.calibration_momentum}")
 

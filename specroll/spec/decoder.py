@@ -87,7 +87,8 @@ class SpecDecoder:
         self.draft_s = [0.0] * (self.heads.num_heads + 1)
         self.reflex = cfg.reflex if cfg.uses_reflex else None
         self.guard = SafetyGuard(cfg.reflex)
-        self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout)
+        self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout,
+                                       record_nodes=cfg.record_nodes)
                         if cfg.uses_slow_path else None)
         self.reset_stats()
 
@@ -213,7 +214,8 @@ class SpecDecoder:
         if self.records is not None and matured is not None:
             started = time.perf_counter()
             self.records.add_pass(matured, logits, verdict, tree, hidden, roots,
-                                  state.history.lengths - state.prompt_lengths, self.heads.version)
+                                  state.history.lengths - state.prompt_lengths, self.heads.version,
+                                  proposals=cands.proposals)
             self.stats["time_records_s"] += time.perf_counter() - started
         self.stats["time_draft_s"] += t1 - t0
         self.stats["time_verify_s"] += t2 - t1

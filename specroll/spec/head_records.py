@@ -7,16 +7,22 @@ temperature 1 (top-K + tail, the distribution heads are trained on) and the toke
 there. Telemetry counts every record (TV and cross-entropy per head and depth bucket) and
 every verified draft (acceptance); records are kept by reservoir sampling, so a generate call
 sends at most `max_records` of them, each record equally likely to be among them.
+
+`record_nodes` says which records are kept for head updates: "path", those on the accepted
+path (the paper's); or "tree", every verified node a head drafted from. On the path alone a
+head of depth j only sees positions where the heads before it were right; off the path a
+record has no realised token (-1: no NLL term). Telemetry always comes from the path.
 """
 from __future__ import annotations
 
 import torch
 
 from .drift import HeadTelemetry, depth_bucket, merge_telemetry
-from .maturation import MaturedProposals
+from .maturation import MaturedProposals, Proposal, node_paths, tree_proposals
 from .replay import MaturedRecords, cat_records
 
 TARGET_TOP_K = 32  # target tokens kept per record
+RECORD_NODES = ("path", "tree")
 
 
 def log_tail(top_logp: torch.Tensor) -> torch.Tensor:
@@ -40,11 +46,21 @@ def sketch_tv_and_nll(target_logp: torch.Tensor, target_ids: torch.Tensor, head_
     return tv, nll
 
 
+def target_top(logits: torch.Tensor, matured: MaturedProposals) -> tuple[torch.Tensor, torch.Tensor]:
+    """The policy's top-K log-probs and ids [R, K] at each record's node (logits [B, 1+M, V])."""
+    target = torch.log_softmax(logits[matured.row, matured.node].float(), dim=-1)
+    return target.topk(min(TARGET_TOP_K, target.shape[-1]), dim=-1)
+
+
 class RecordCollector:
     """Gathers a generate call's slow-path telemetry and record sample; `pop` hands them over."""
 
-    def __init__(self, num_heads: int, depth_buckets: tuple[int, ...], max_records: int, seed: int = 0) -> None:
+    def __init__(self, num_heads: int, depth_buckets: tuple[int, ...], max_records: int, seed: int = 0,
+                 record_nodes: str = "path") -> None:
+        if record_nodes not in RECORD_NODES:
+            raise ValueError(f"record_nodes must be one of {RECORD_NODES}, got {record_nodes!r}")
         self.num_heads, self.edges, self.max_records = num_heads, depth_buckets, max_records
+        self.record_nodes = record_nodes
         self.generator = torch.Generator().manual_seed(seed)
         self.reset()
 
@@ -54,26 +70,37 @@ class RecordCollector:
         self.keys = torch.zeros(0)  # reservoir keys of the kept records: the smallest ones stay
 
     def add_pass(self, matured: MaturedProposals, logits: torch.Tensor, verdict, tree, hidden: torch.Tensor,
-                 roots: torch.Tensor, generated: torch.Tensor, head_version: int, gates: torch.Tensor | None = None) -> None:
+                 roots: torch.Tensor, generated: torch.Tensor, head_version: int, gates: torch.Tensor | None = None,
+                 proposals: list[Proposal] | None = None) -> None:
         """One verify pass: logits [B, 1+M, V] of the policy, hidden [B, D] h_t, roots [B],
-        generated [B] tokens each response had before this pass; gates [R] Reflex's (None: 0)."""
+        generated [B] tokens each response had before this pass; gates [R] Reflex's (None: 0);
+        proposals: the heads' sketches of the pass (needed when `record_nodes` is "tree")."""
         buckets = len(self.edges) + 1
         bucket_of_row = depth_bucket(generated, self.edges)
         self.telemetry.append(self.trials(verdict, tree, bucket_of_row))
         if not len(matured.row):
             return
         r, j = matured.row, matured.depth
-        target = torch.log_softmax(logits[r, matured.node].float(), dim=-1)
-        target_logp, target_ids = target.topk(min(TARGET_TOP_K, target.shape[-1]), dim=-1)
+        target_logp, target_ids = target_top(logits, matured)
         token = verdict.tokens[r, j]
         head_tail = log_tail(matured.head_logp)
         tv, nll = sketch_tv_and_nll(target_logp, target_ids, matured.head_logp, matured.head_ids, token, head_tail)
         self.telemetry.append(HeadTelemetry.from_records(self.num_heads, buckets, j, bucket_of_row[r], tv, nll,
                                                          torch.zeros_like(tv) if gates is None else gates))
-        path = torch.cat((roots[:, None], verdict.tokens[:, : self.num_heads - 1]), dim=1)
-        path = torch.nn.functional.pad(path, (0, self.num_heads - path.shape[1]))  # [B, H]
+        if self.record_nodes == "tree":
+            if proposals is None:
+                raise ValueError("record_nodes='tree' needs the pass's proposals")
+            matured, on_path = tree_proposals(proposals, tree, verdict)
+            r, j = matured.row, matured.depth
+            target_logp, target_ids = target_top(logits, matured)
+            token = torch.where(on_path, verdict.tokens[r, j.clamp(max=verdict.tokens.shape[1] - 1)], -1)
+            head_tail = log_tail(matured.head_logp)
+            path = node_paths(tree, roots, self.num_heads)[r, matured.node]
+        else:
+            path = torch.cat((roots[:, None], verdict.tokens[:, : self.num_heads - 1]), dim=1)
+            path = torch.nn.functional.pad(path, (0, self.num_heads - path.shape[1]))[r]  # [R, H]
         records = MaturedRecords(
-            head=j.cpu(), hidden=hidden[r].half().cpu(), path_tokens=path[r].cpu(), token=token.cpu(),
+            head=j.cpu(), hidden=hidden[r].half().cpu(), path_tokens=path.cpu(), token=token.cpu(),
             target_logp=target_logp.cpu(), target_ids=target_ids.cpu(), target_tail=log_tail(target_logp).cpu(),
             proposal_logp=matured.head_logp.float().cpu(), proposal_ids=matured.head_ids.cpu(),
             proposal_tail=head_tail.cpu(), policy_version=torch.full_like(j, -1).cpu(),
