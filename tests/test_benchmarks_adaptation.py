@@ -102,3 +102,14 @@ def test_every_mode_runs_every_round_on_the_same_prompts(tmp_path):
 
     png = out.with_suffix(".png")
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tree_records_and_the_acceptance_signal_reach_the_run(tmp_path):
+    """--record-nodes tree sends more records from the same first round; --drift-signal reaches the detector."""
+    common = ["--tiny", "--threads", "1", "--rounds", "3", "--drift-at", "1", "--prompts", "2", "--n", "2",
+              "--max-new-tokens", "12", "--calibration-steps", "1", "--min-records", "4", "--modes", "slow"]
+    path = main(common + ["--json", str(tmp_path / "path.json")])
+    tree = main(common + ["--record-nodes", "tree", "--drift-signal", "acceptance", "--json", str(tmp_path / "tree.json")])
+    assert tree["rounds"]["slow"][0]["records"] > path["rounds"]["slow"][0]["records"] > 0
+    assert tree["args"]["record_nodes"] == "tree" and tree["args"]["drift_signal"] == "acceptance"
+    assert tree["rounds"]["slow"][-1]["drift_check"] is not None

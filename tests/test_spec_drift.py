@@ -11,6 +11,7 @@ from specroll.spec.drift import (
     DriftConfig,
     DriftDetector,
     HeadTelemetry,
+    acceptance_z,
     depth_bucket,
     merge_telemetry,
     robust_baseline,
@@ -138,6 +139,23 @@ def test_tv_rise_without_acceptance_drop_does_not_trigger():
     assert all(c.z[1] > 2.5 and not c.degraded[1] for c in checks)
 
 
+def test_acceptance_z_by_hand():
+    # 600 / 1000 -> 250 / 500: pooled p = 850 / 1500; se = sqrt(p (1 - p) (1/1000 + 1/500)) = 0.027142
+    z = acceptance_z(torch.tensor([600]), torch.tensor([1000]), torch.tensor([250]), torch.tensor([500]))
+    assert z.tolist() == pytest.approx([0.1 / 0.027142], rel=1e-4)
+    assert acceptance_z(torch.tensor([6]), torch.tensor([10]), torch.tensor([0]), torch.tensor([0])).isnan().all()
+
+
+def test_acceptance_signal_fires_on_a_drop_that_tv_does_not_show():
+    """The case TV misses: acceptance falls by 0.15 from step 21 while TV stays put."""
+    shift = from_step(21, 0.15, heads=(1,))
+    assert event_steps(run(DriftDetector(DriftConfig(), H), 100, acceptance_shift=shift)) == []
+    checks = run(DriftDetector(DriftConfig(signal="acceptance"), H), 100, acceptance_shift=shift)
+    assert event_steps(checks) == [60] and checks[1].event.heads == (1,)
+    quiet = run(DriftDetector(DriftConfig(signal="acceptance"), H), 400, seed=3)
+    assert event_steps(quiet) == []
+
+
 def test_cooldown_blocks_a_second_shift_then_lets_it_trigger():
     # Head 0 drifts from step 21 (trigger at 60); the update fixes it for steps 61-69; it drifts
     # again from 70, inside the cooldown (61-110). Checks at 80 and 100 see the drift but count
@@ -207,7 +225,7 @@ def test_state_round_trips_to_the_same_future_decisions(stop):
 @pytest.mark.parametrize("field, value", [("calibration_steps", 0), ("check_every", 0), ("z_threshold", -1.0),
                                           ("min_acceptance_drop", 1.5), ("consecutive", 0), ("cooldown_steps", -1),
                                           ("max_heads_per_event", 0), ("depth_buckets", (256, 128)),
-                                          ("mad_floor", 0.0), ("min_records", 0)])
+                                          ("mad_floor", 0.0), ("min_records", 0), ("signal", "entropy")])
 def test_config_errors_name_the_dotted_field(field, value):
     with pytest.raises(ValueError, match=rf"rollout\.spec\.drift\.{field}"):
         DriftConfig(**{field: value})

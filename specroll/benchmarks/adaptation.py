@@ -38,6 +38,8 @@ from ..rollout import RolloutEngine, SamplingParams
 from ..spec import DriftConfig, HorizonHeads, SpecConfig, shipped_heads
 from ..spec.config import ADAPTATION_MODES
 from ..spec.consolidation import ConsolidationConfig, HeadConsolidator
+from ..spec.drift import DRIFT_SIGNALS
+from ..spec.head_records import RECORD_NODES
 from ..spec.heads import model_fingerprint
 from ..spec.reflex import REFLEX_MODES, ReflexConfig
 from .engine_vs_hf import load_prompts
@@ -150,14 +152,15 @@ def build_arms(scenario: Scenario, args) -> list[Arm]:
     arms = [Arm(VANILLA, RolloutEngine(scenario.model))]
     drift = DriftConfig(calibration_steps=args.calibration_steps, check_every=args.check_every,
                         min_records=args.min_records, consecutive=args.consecutive, z_threshold=args.z_threshold,
-                        min_acceptance_drop=args.min_acceptance_drop)
+                        min_acceptance_drop=args.min_acceptance_drop, signal=args.drift_signal)
     consolidation = ConsolidationConfig(lr=args.head_lr, steps=args.head_steps)
     for mode in args.modes:
         heads = scenario.heads
         spec = SpecConfig(head_type=heads.head_type, num_heads=heads.num_heads, heads_path=None, budget=args.budget,
                           fixed_nodes=args.nodes, max_nodes=max(args.max_nodes, args.nodes), adaptation=mode,
                           reflex=ReflexConfig(mode=args.reflex_mode, scale=args.reflex_scale),
-                          records_per_rollout=args.records_per_rollout, drift=drift, consolidation=consolidation)
+                          records_per_rollout=args.records_per_rollout,
+                          record_nodes=args.record_nodes, drift=drift, consolidation=consolidation)
         engine = RolloutEngine(scenario.model, spec=spec)
         engine.decoder.set_heads(copy.deepcopy(heads))  # every mode starts from the same heads
         consolidator = HeadConsolidator(heads, mode, drift, consolidation) if spec.uses_slow_path else None
@@ -374,10 +377,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--min-records", type=int, default=32, help="detector: matured records a head needs to be checked")
     ap.add_argument("--consecutive", type=int, default=2, help="detector: degraded checks in a row that trigger")
     ap.add_argument("--z-threshold", type=float, default=DriftConfig.z_threshold,
-                    help="detector: robust z of TV above which a head may be degraded (0: TV at least its baseline)")
+                    help="detector: z (of --drift-signal) above which a head may be degraded (0: at least its baseline)")
     ap.add_argument("--min-acceptance-drop", type=float, default=DriftConfig.min_acceptance_drop,
                     help="detector: acceptance drop from the baseline a degraded head also needs")
+    ap.add_argument("--drift-signal", default=DriftConfig.signal, choices=DRIFT_SIGNALS,
+                    help="detector: the z a degraded head needs, of TV or of the acceptance drop")
     ap.add_argument("--records-per-rollout", type=int, default=512, help="record sample a generate call sends")
+    ap.add_argument("--record-nodes", default="path", choices=RECORD_NODES,
+                    help="records from the accepted path or every verified node (spec.record_nodes)")
     ap.add_argument("--head-lr", type=float, default=1e-5, help="consolidation AdamW lr (design default 1e-5)")
     ap.add_argument("--head-steps", type=int, default=2, help="consolidation optimiser steps per update")
     # run

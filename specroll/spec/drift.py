@@ -10,7 +10,9 @@ between head and target. After calibration telemetry accumulates into a window, 
     z_k = sum_b n_kb (TV_kb - m_kb) / s_kb / sum_b n_kb
 
 The head is degraded when z_k > z_threshold AND a0_k - a_k >= min_acceptance_drop (a_k its
-acceptance over the window), outside cooldown. A head degraded at `consecutive` consecutive
+acceptance over the window), outside cooldown. With `signal="acceptance"` z_k is instead the
+fall in acceptance over its binomial standard error (`acceptance_z`): on a controlled drift
+here the TV of head 0's records fell while its acceptance fell by 0.07-0.18, so TV never fired. A head degraded at `consecutive` consecutive
 checks triggers an event naming the degraded heads with the largest z (at most
 `max_heads_per_event`), and starts a cooldown of `cooldown_steps` steps.
 
@@ -32,6 +34,7 @@ import torch
 
 CONFIG_PATH = "rollout.spec.drift"  # where DriftConfig sits in the run config; errors name it
 MAD_SCALE = 1.4826  # MAD * 1.4826 estimates the standard deviation of normally distributed data
+DRIFT_SIGNALS = ("tv", "acceptance")
 
 
 @dataclass
@@ -47,6 +50,7 @@ class DriftConfig:
     # Bucket edges on tokens generated so far: (128, 256) = buckets 0-128, 128-256, 256+.
     depth_buckets: tuple[int, ...] = (128, 256, 512, 1024)
     mad_floor: float = 0.01  # least TV scale: a bucket whose TV never varied must not divide by 0
+    signal: str = "tv"  # the z a degraded head needs: robust z of TV (tv) or of its acceptance drop (acceptance)
 
     def __post_init__(self) -> None:
         self.depth_buckets = tuple(self.depth_buckets)
@@ -59,6 +63,8 @@ class DriftConfig:
             raise ValueError(f"{CONFIG_PATH}.z_threshold must be >= 0, got {self.z_threshold}")
         if not 0 <= self.min_acceptance_drop <= 1:
             raise ValueError(f"{CONFIG_PATH}.min_acceptance_drop must be in [0, 1], got {self.min_acceptance_drop}")
+        if self.signal not in DRIFT_SIGNALS:
+            raise ValueError(f"{CONFIG_PATH}.signal must be one of {DRIFT_SIGNALS}, got {self.signal!r}")
         if not self.mad_floor > 0:
             raise ValueError(f"{CONFIG_PATH}.mad_floor must be > 0, got {self.mad_floor}")
         edges = self.depth_buckets
@@ -174,6 +180,18 @@ def robust_z(tv: torch.Tensor, records: torch.Tensor, median: torch.Tensor, scal
     return (n * deviation).sum(1) / n.sum(1)
 
 
+def acceptance_z(base_accepted: torch.Tensor, base_trials: torch.Tensor, accepted: torch.Tensor,
+                 trials: torch.Tensor) -> torch.Tensor:
+    """z [H] of the fall in acceptance from the baseline (base_*) to the window: (a0 - a) over
+    sqrt(p (1 - p) (1/n0 + 1/n)), p the pooled rate (a two-proportion test); nan without trials.
+    Drafts of one response are not independent, so this z runs high: the acceptance margin and
+    consecutive checks guard against that."""
+    base_accepted, base_trials, accepted, trials = (x.double() for x in (base_accepted, base_trials, accepted, trials))
+    pooled = (base_accepted + accepted) / (base_trials + trials)
+    se = (pooled * (1 - pooled) * (1 / base_trials + 1 / trials)).sqrt().clamp(min=1e-12)
+    return (base_accepted / base_trials - accepted / trials) / se
+
+
 def baseline_records(records: torch.Tensor, median: torch.Tensor) -> torch.Tensor:
     """records [H, B] in buckets that have a baseline (the n of `robust_z`), 0 elsewhere."""
     return records.masked_fill(median.isnan(), 0)
@@ -266,7 +284,12 @@ class DriftDetector:
     def check(self) -> DriftCheck:
         cfg, w = self.cfg, self.window
         checked = baseline_records(w.records, self.tv_median).sum(1) >= cfg.min_records
-        z = robust_z(w.tv, w.records, self.tv_median, self.tv_scale).masked_fill(~checked, math.nan)
+        if cfg.signal == "tv":
+            z = robust_z(w.tv, w.records, self.tv_median, self.tv_scale)
+        else:
+            base = self.calibration
+            z = acceptance_z(base.accepted.sum(1), base.trials.sum(1), w.accepted.sum(1), w.trials.sum(1))
+        z = z.masked_fill(~checked, math.nan)
         drop = (self.baseline_acceptance - w.acceptance()).masked_fill(~checked, math.nan)
         in_cooldown = self.step <= self.cooldown_until
         # nan compares false: an unchecked head or one without an acceptance baseline is not degraded.
