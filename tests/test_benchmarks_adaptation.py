@@ -36,6 +36,9 @@ def test_summary_splits_at_the_drift_and_takes_ratios_of_totals():
     # Per round: 100 / 100 and (200 / 3) / 150, median of two = their mean.
     assert static["speed_ratio_after"] == pytest.approx((1.0 + 200 / 3 / 150) / 2)
     assert (static["update_attempts"], static["updates_committed"], static["update_s"]) == (0, 0, 0.0)
+    # Paired by round against static: (1.8 - 1.5, 1.9 - 1.7) = (0.3, 0.2).
+    assert every["gain_over_static_after"] == pytest.approx(0.25) and static["gain_over_static_after"] == 0
+    assert every["gain_over_static_after_se"] == pytest.approx(0.05)
     assert (every["update_attempts"], every["updates_committed"]) == (3, 2)
     assert every["update_s"] == pytest.approx(1.0) and every["update_share_of_gen"] == pytest.approx(1.0 / 4)
 

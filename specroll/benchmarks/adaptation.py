@@ -274,6 +274,7 @@ def summarize(rounds: dict[str, list[dict]], drift_at: int) -> dict[str, dict]:
     vanilla_after = rate(rounds[VANILLA][drift_at:])
     vanilla_rates = [r["tokens_per_s"] for r in rounds[VANILLA]]
     summary = {VANILLA: {"tokens_per_s_after": vanilla_after}}
+    static_after = [r["tokens_per_step_mean"] for r in rounds["static"][drift_at:]] if "static" in rounds else None
     for mode, rows in rounds.items():
         if mode == VANILLA:
             continue
@@ -301,6 +302,10 @@ def summarize(rounds: dict[str, list[dict]], drift_at: int) -> dict[str, dict]:
             "update_share_of_gen": sum(u["seconds"] for u in updates) / gen_s,
             "head_version_end": rows[-1]["head_version"],
         }
+        if static_after is not None:
+            # Paired by round (same prompts and seeds): the prompts' own difficulty cancels out.
+            gains = [r["tokens_per_step_mean"] - s for r, s in zip(after, static_after)]
+            summary[mode] |= {"gain_over_static_after": mean(gains), "gain_over_static_after_se": standard_error(gains)}
     return summary
 
 
@@ -324,20 +329,28 @@ def goals(summary: dict[str, dict]) -> dict:
     return out
 
 
+def paired_gain(s: dict) -> str:
+    if "gain_over_static_after" not in s:
+        return "-"
+    return f"{s['gain_over_static_after']:+.3f} ± {s['gain_over_static_after_se']:.3f}"
+
+
 def markdown_table(summary: dict[str, dict]) -> str:
     lines = ["| mode | tok/pass A | tok/pass B (± s.e.) | tok/pass B, late half | acceptance by depth (B) "
-             "| speed vs vanilla (B, median) | updates run / kept | update s (share of gen) | reflex on (B) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| speed vs vanilla (B, median) | updates run / kept | update s (share of gen) | reflex on (B) "
+             "| B minus static, paired by round |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for mode, s in summary.items():
         if mode == VANILLA:
-            lines.append(f"| vanilla | - | - | - | - | 1.00 ({s['tokens_per_s_after']:.1f} tok/s) | - | - | - |")
+            lines.append(f"| vanilla | - | - | - | - | 1.00 ({s['tokens_per_s_after']:.1f} tok/s) | - | - | - | - |")
             continue
         acc = " ".join(f"{a:.2f}" for a in s["acceptance_by_depth_after"])
         lines.append(f"| {mode} | {s['tokens_per_step_before']:.2f} | {s['tokens_per_step_after']:.2f} "
                      f"± {s['tokens_per_step_after_se']:.2f} "
                      f"| {s['tokens_per_step_late']:.2f} | {acc} | {s['speed_ratio_after']:.2f} "
                      f"({s['tokens_per_s_after']:.1f} tok/s) | {s['update_attempts']} / {s['updates_committed']} "
-                     f"| {s['update_s']:.1f} ({s['update_share_of_gen']:.1%}) | {s['reflex_on_share_after']:.0%} |")
+                     f"| {s['update_s']:.1f} ({s['update_share_of_gen']:.1%}) | {s['reflex_on_share_after']:.0%} "
+                     f"| {paired_gain(s)} |")
     return "\n".join(lines)
 
 
