@@ -29,6 +29,11 @@ class KVCache:
         shape = (batch_size, num_kv_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for tensor in (*self.k, *self.v):
+            # Heads and head size never change: a compiled step must not treat them as sizes that
+            # happen to equal another (duck sizing), or it recompiles when they stop being equal.
+            torch._dynamo.mark_static(tensor, 1)
+            torch._dynamo.mark_static(tensor, 3)
         self.rows = batch_size  # rows allocated
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.max_len = max_len
@@ -67,7 +72,9 @@ class KVCache:
 
     def view(self, layer: int, batch: int, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the first `num_slots` slots of the `batch` live rows, [B, H, S, D]."""
-        return self.k[layer][:batch, :, :num_slots], self.v[layer][:batch, :, :num_slots]
+        # narrow, not slicing: a compiled step then needs num_slots <= slots, not a guard on whether they are equal
+        return (self.k[layer].narrow(0, 0, batch).narrow(2, 0, num_slots),
+                self.v[layer].narrow(0, 0, batch).narrow(2, 0, num_slots))
 
     def attention_mask(self, new_token_mask: torch.Tensor, span: int | None = None) -> torch.Tensor:
         """Which slots each new token may attend to, [B, 1, T, S].

@@ -91,6 +91,13 @@ def span_bucket(need: int, max_len: int) -> int:
     return min(-(-need // SPAN_BUCKET) * SPAN_BUCKET, max_len)
 
 
+def cache_shape(rows: int, need: int) -> tuple[int, int]:
+    """(rows, slots) to allocate for `rows` rows of up to `need` tokens. A compiled step would
+    specialise on a one-row cache and on a span that fills the cache, and recompile when that
+    stops holding: so at least 2 rows, and one slot beyond the span bucket that holds `need`."""
+    return max(rows, 2), -(-need // SPAN_BUCKET) * SPAN_BUCKET + 1
+
+
 def decode_one_token(model, tokens: torch.Tensor, cache: KVCache, span: int, keys: torch.Tensor,
                      counters: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """One plain step at a fixed shape: forward `tokens` [B], sample the next one per row with
@@ -196,7 +203,7 @@ class RolloutEngine:
         if cache is None or cache.rows < rows or cache.max_len < max_len or cache.k[0].dtype != p.dtype \
                 or cache.k[0].device != p.device:
             self.cache = cache = None  # free the old one before allocating
-            cache = KVCache.for_model(self.model, rows, max_len)
+            cache = KVCache.for_model(self.model, *cache_shape(rows, max_len))
             if getattr(self.decoder, "compiled_on_cuda", False):
                 cache.mark_static()
             self.cache = cache

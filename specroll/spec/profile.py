@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from ..models import KVCache, synchronize
 from ..models.loading import cache_root
+from ..rollout.engine import cache_shape
 
 # Part of the cache key: bump it when the forward's kernels change what a profile measures
 # (2: prepacked CPU linears, batch 64 in the quick grid).
@@ -123,7 +124,7 @@ def measure_profile(model, cache_len: int = 256, batch_sizes=None, nodes=None, r
     compiled = timed_pass is not None
     caches = {}
     for batch in batch_sizes:
-        caches[batch] = KVCache.for_model(model, batch, cache_len + max(nodes))
+        caches[batch] = KVCache.for_model(model, *cache_shape(batch, cache_len + max(nodes)))  # as the engine's
         caches[batch].lengths[:] = cache_len
         if compiled and p.device.type == "cuda":
             caches[batch].mark_static()  # as the engine's cache for compiled steps
@@ -137,7 +138,8 @@ def measure_profile(model, cache_len: int = 256, batch_sizes=None, nodes=None, r
             batch, n = batch_sizes[bi], nodes[ni]
             ids = torch.randint(0, cfg.vocab_size, (batch, n), device=p.device)
             # A chain is the worst case for nothing and the same cost as any tree of n nodes.
-            mask = torch.ones(n, n, dtype=torch.bool, device=p.device).tril().expand(batch, n, n)
+            # Contiguous like the engine's masks (a compiled step guards on strides).
+            mask = torch.ones(n, n, dtype=torch.bool, device=p.device).tril().repeat(batch, 1, 1)
             synchronize(p.device)
             t0 = time.perf_counter()
             timed_pass(ids, caches[batch], mask)
