@@ -22,6 +22,7 @@ H, B = 4, 5  # heads, depth buckets (the default edges give 5)
 BASE_TV = torch.tensor([0.20, 0.30, 0.40, 0.50], dtype=torch.float64)[:, None].expand(H, B)
 BASE_ACCEPTANCE = torch.tensor([0.70, 0.55, 0.45, 0.35], dtype=torch.float64)
 SIGMA = 0.02  # per-step noise of a bucket's mean TV
+TV_RULE = DriftConfig(signal="tv")  # the design's rule, which most tests here work by hand
 
 
 def telemetry(tv, acceptance, records=100, trials=1000) -> HeadTelemetry:
@@ -82,7 +83,7 @@ def test_bucket_without_baseline_is_left_out_of_z():
 
 
 def test_detector_calibration_matches_the_hand_worked_baseline():
-    cfg = DriftConfig(calibration_steps=4, depth_buckets=(128,))
+    cfg = DriftConfig(calibration_steps=4, depth_buckets=(128,), signal="tv")
     detector = DriftDetector(cfg, num_heads=1)
     for tv0, acc in ((0.1, 0.5), (0.2, 0.7), (0.3, 0.6), (0.5, 0.6)):
         t = HeadTelemetry(records=torch.tensor([[50, 20]]), tv=torch.tensor([[tv0, 0.4]], dtype=torch.float64),
@@ -115,10 +116,10 @@ def test_telemetry_merges_by_count_and_buckets_by_tokens_so_far():
 
 
 def test_no_trigger_on_stationary_noise():
-    checks = run(DriftDetector(DriftConfig(), H), 400, seed=3)
+    checks = run(DriftDetector(TV_RULE, H), 400, seed=3)
     assert [c.step for c in checks] == list(range(40, 401, 20))
     assert event_steps(checks) == []
-    assert max(c.z_max for c in checks) < DriftConfig().z_threshold
+    assert max(c.z_max for c in checks) < TV_RULE.z_threshold
 
 
 @pytest.mark.parametrize("start, expected", [(21, 60), (45, 80)])
@@ -126,7 +127,7 @@ def test_sustained_shift_triggers_at_the_expected_check(start, expected):
     # Checks at calibration_steps + j * check_every = 40, 60, 80, ...; the first window that is
     # degraded (shift from 21: window 21-40; from 45: window 41-60, 16 of 20 steps shifted,
     # z ~ 0.8 * 0.2 / 0.02 and drop 0.8 * 0.15) plus consecutive - 1 = 1 more check.
-    checks = run(DriftDetector(DriftConfig(), H), expected + 30, from_step(start, 0.2, heads=(1,)),
+    checks = run(DriftDetector(TV_RULE, H), expected + 30, from_step(start, 0.2, heads=(1,)),
                  from_step(start, 0.15, heads=(1,)))
     assert event_steps(checks) == [expected]
     event = checks[[c.step for c in checks].index(expected)].event
@@ -134,7 +135,7 @@ def test_sustained_shift_triggers_at_the_expected_check(start, expected):
 
 
 def test_tv_rise_without_acceptance_drop_does_not_trigger():
-    checks = run(DriftDetector(DriftConfig(), H), 200, from_step(21, 0.2, heads=(1,)))
+    checks = run(DriftDetector(TV_RULE, H), 200, from_step(21, 0.2, heads=(1,)))
     assert event_steps(checks) == []
     assert all(c.z[1] > 2.5 and not c.degraded[1] for c in checks)
 
@@ -149,10 +150,10 @@ def test_acceptance_z_by_hand():
 def test_acceptance_signal_fires_on_a_drop_that_tv_does_not_show():
     """The case TV misses: acceptance falls by 0.15 from step 21 while TV stays put."""
     shift = from_step(21, 0.15, heads=(1,))
-    assert event_steps(run(DriftDetector(DriftConfig(), H), 100, acceptance_shift=shift)) == []
-    checks = run(DriftDetector(DriftConfig(signal="acceptance"), H), 100, acceptance_shift=shift)
+    assert event_steps(run(DriftDetector(TV_RULE, H), 100, acceptance_shift=shift)) == []
+    checks = run(DriftDetector(DriftConfig(), H), 100, acceptance_shift=shift)  # the default signal
     assert event_steps(checks) == [60] and checks[1].event.heads == (1,)
-    quiet = run(DriftDetector(DriftConfig(signal="acceptance"), H), 400, seed=3)
+    quiet = run(DriftDetector(DriftConfig(), H), 400, seed=3)
     assert event_steps(quiet) == []
 
 
@@ -166,7 +167,7 @@ def test_cooldown_blocks_a_second_shift_then_lets_it_trigger():
     def drop(step):
         return from_step(21, 0.15)(step) if step <= 60 else from_step(70, 0.15)(step)
 
-    checks = {c.step: c for c in run(DriftDetector(DriftConfig(), H), 160, shift, drop)}
+    checks = {c.step: c for c in run(DriftDetector(TV_RULE, H), 160, shift, drop)}
     assert event_steps(checks.values()) == [60, 140]
     for step in (80, 100):
         assert checks[step].in_cooldown and checks[step].z[0] > 2.5 and not checks[step].degraded.any()
@@ -177,7 +178,7 @@ def test_event_names_the_most_degraded_heads():
     # Heads 0, 1, 3 drift with acceptance drops; head 2 drifts most but its acceptance holds.
     tv = torch.tensor([0.1, 0.3, 0.5, 0.2], dtype=torch.float64)
     acceptance = torch.tensor([0.1, 0.1, 0.0, 0.1], dtype=torch.float64)
-    checks = run(DriftDetector(DriftConfig(), H), 60, lambda s: tv if s > 20 else 0.0,
+    checks = run(DriftDetector(TV_RULE, H), 60, lambda s: tv if s > 20 else 0.0,
                  lambda s: acceptance if s > 20 else 0.0)
     event = checks[-1].event
     assert event.step == 60 and event.heads == (1, 3)
@@ -188,7 +189,7 @@ def test_event_names_the_most_degraded_heads():
 def test_head_without_enough_records_keeps_its_window_and_streak():
     # 5 records per bucket per step: 500 per 20-step window, below min_records = 1024. The
     # window accumulates to 1500 at check 80 (streak 1), restarts, and is 1500 again at 140.
-    checks = {c.step: c for c in run(DriftDetector(DriftConfig(), H), 140, from_step(21, 0.2), from_step(21, 0.15),
+    checks = {c.step: c for c in run(DriftDetector(TV_RULE, H), 140, from_step(21, 0.2), from_step(21, 0.15),
                                      records=5)}
     assert all(checks[s].z.isnan().all() for s in (40, 60, 100, 120))
     assert checks[80].streak[0] == 1 and checks[80].event is None
@@ -204,7 +205,7 @@ def test_state_round_trips_to_the_same_future_decisions(stop):
     def drop(step):
         return from_step(21, 0.15)(step) if step <= 60 else from_step(65, 0.15, heads=(0, 2))(step)
 
-    cfg = DriftConfig()
+    cfg = TV_RULE
     original = DriftDetector(cfg, H)
     run(original, stop, shift, drop, seed=5)
     buffer = io.BytesIO()

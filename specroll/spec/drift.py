@@ -10,9 +10,10 @@ between head and target. After calibration telemetry accumulates into a window, 
     z_k = sum_b n_kb (TV_kb - m_kb) / s_kb / sum_b n_kb
 
 The head is degraded when z_k > z_threshold AND a0_k - a_k >= min_acceptance_drop (a_k its
-acceptance over the window), outside cooldown. With `signal="acceptance"` z_k is instead the
-fall in acceptance over its binomial standard error (`acceptance_z`): on a controlled drift
-here the TV of head 0's records fell while its acceptance fell by 0.07-0.18, so TV never fired. A head degraded at `consecutive` consecutive
+acceptance over the window), outside cooldown. That is `signal="tv"`, the design's rule. The
+default, `signal="acceptance"`, takes as z_k the fall in acceptance over its binomial standard
+error instead (`acceptance_z`): on a measured drift the TV of head 0's records fell while its
+acceptance fell by 0.07-0.18 (docs/benchmarks.md), so the TV rule never fired. A head degraded at `consecutive` consecutive
 checks triggers an event naming the degraded heads with the largest z (at most
 `max_heads_per_event`), and starts a cooldown of `cooldown_steps` steps.
 
@@ -50,7 +51,7 @@ class DriftConfig:
     # Bucket edges on tokens generated so far: (128, 256) = buckets 0-128, 128-256, 256+.
     depth_buckets: tuple[int, ...] = (128, 256, 512, 1024)
     mad_floor: float = 0.01  # least TV scale: a bucket whose TV never varied must not divide by 0
-    signal: str = "tv"  # the z a degraded head needs: robust z of TV (tv) or of its acceptance drop (acceptance)
+    signal: str = "acceptance"  # the z a degraded head needs: of its acceptance drop, or robust z of TV (tv)
 
     def __post_init__(self) -> None:
         self.depth_buckets = tuple(self.depth_buckets)
