@@ -6,6 +6,7 @@ import torch
 
 from specroll.models import build_tiny_model
 from specroll.models.prepacked_linear import PrepackedLinear
+from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec.budget import cost_model_budget, resolve_budget, speculation_may_pay
 from specroll.spec import SpecConfig
 from specroll.spec.decoder import SpecDecoder
@@ -92,3 +93,20 @@ def test_auto_budget_is_concurrency_on_gpus_and_the_cost_model_elsewhere():
         assert resolve_budget(policy, "cuda") == resolve_budget(policy, "cpu") == policy
     decoder = SpecDecoder(build_tiny_model(), SpecConfig(num_heads=2, profile_cache_len=32))
     assert SpecConfig().budget == "auto" and decoder.budget == "cost_model" and decoder.profile is not None
+
+
+def test_a_tree_steps_own_work_counts_against_speculation(tmp_path, monkeypatch):
+    """The profile times forwards only: what a tree step adds beyond its forward over what a plain
+    step adds (measured on each generate) is charged to every tree, never credited."""
+    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
+    engine = RolloutEngine(build_tiny_model(seed=0), spec=SpecConfig(heads_path=None, budget="cost_model",
+                                                                     profile_cache_len=32, max_nodes=8))
+    decoder = engine.decoder
+    engine.generate([[5, 9, 13], [7, 8]], SamplingParams(max_new_tokens=24, n=2))
+    assert decoder.plain_extra_s is not None or decoder.tree_extra_s is not None
+    decoder.plain_extra_s, decoder.tree_extra_s = 0.002, 0.002
+    drafting_only = decoder.drafting_s()
+    decoder.tree_extra_s = 0.005
+    assert [a - b for a, b in zip(decoder.drafting_s(), drafting_only)] == pytest.approx([0.0] + [0.003] * 7)
+    decoder.tree_extra_s = 0.001  # cheaper than a plain step's extra: no credit
+    assert decoder.drafting_s() == drafting_only

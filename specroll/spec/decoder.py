@@ -83,8 +83,11 @@ class SpecDecoder:
         if self.budget == "cost_model" or (self.budget == "concurrency" and cfg.capacity is None):
             self.profile = get_profile(model, cfg.profile_cache_len, self.profiled_pass if compile else None)
         self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
-        # Cost model: EMA of drafting seconds by the depth drafted (index 0: no drafting).
+        # Cost model: EMA of drafting seconds by the depth drafted (index 0: no drafting), and of
+        # what a plain step and a tree step cost beyond their profiled forwards (None: not seen yet).
         self.draft_s = [0.0] * (self.heads.num_heads + 1)
+        self.plain_extra_s: float | None = None
+        self.tree_extra_s: float | None = None
         self.reflex = cfg.reflex if cfg.uses_reflex else None
         self.guard = SafetyGuard(cfg.reflex)
         self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout,
@@ -219,7 +222,10 @@ class SpecDecoder:
             self.stats["time_records_s"] += time.perf_counter() - started
         self.stats["time_draft_s"] += t1 - t0
         self.stats["time_verify_s"] += t2 - t1
-        self.stats["time_bookkeeping_s"] += time.perf_counter() - t2
+        ended = time.perf_counter()
+        self.stats["time_bookkeeping_s"] += ended - t2
+        if self.budget == "cost_model":
+            self.note_pass(batch, budget, ended - t1)
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
 
     def verify_pass(self, state: DecodeState, tree, budget: int):
@@ -315,17 +321,32 @@ class SpecDecoder:
                                  self.cfg.min_gain)
 
     def drafting_s(self) -> list[float]:
-        """Estimated drafting seconds for trees of 1..max_nodes nodes (a tree of n nodes drafts
-        min(n - 1, H) depths): the EMA for that depth, else the full tree's scaled by depth."""
+        """Estimated seconds a tree of 1..max_nodes nodes costs beyond its profiled verify forward:
+        its drafting (a tree of n nodes drafts min(n - 1, H) depths: the EMA for that depth, else
+        the full tree's scaled by depth) plus what a tree step's own work (sampling every node,
+        the acceptance rule, keeping the path) adds over a plain step's, the profile times neither."""
         full_depth = min(self.heads.num_heads, self.cfg.max_nodes - 1)
         full = self.draft_s[full_depth]
+        seen = self.plain_extra_s is not None and self.tree_extra_s is not None
+        tree_work = max(self.tree_extra_s - self.plain_extra_s, 0.0) if seen else 0.0
         out = [0.0]
         for n in range(2, self.cfg.max_nodes + 1):
             d = min(n - 1, full_depth)
             # Never above the full tree's (refreshed by every probe): a cold first draft at
             # some depth must not keep that depth from being drafted again.
-            out.append(min(self.draft_s[d], full) if self.draft_s[d] and full else full * d / full_depth)
+            out.append((min(self.draft_s[d], full) if self.draft_s[d] and full else full * d / full_depth) + tree_work)
         return out
+
+    def note_pass(self, batch: int, nodes: int, seconds: float) -> None:
+        """Cost model: EMA of a step's seconds after drafting beyond its profiled forward, apart
+        for plain steps (nodes = 1) and tree steps."""
+        extra = seconds - self.profile.latency(batch, nodes)
+        old = self.plain_extra_s if nodes == 1 else self.tree_extra_s
+        new = extra if old is None else COST_MODEL_MOMENTUM * old + (1 - COST_MODEL_MOMENTUM) * extra
+        if nodes == 1:
+            self.plain_extra_s = new
+        else:
+            self.tree_extra_s = new
 
     def note_drafted(self, cands, drafts: int, seconds: float) -> None:
         """Update the cost model's EMAs of drafting time and of expected tokens per row (one
