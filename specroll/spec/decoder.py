@@ -13,7 +13,8 @@ from functools import partial
 import torch
 
 from ..rollout.compiled_step import StepFunction
-from ..rollout.engine import DecodeState, PlainDecoder, StepResult, span_bucket
+from ..models import KVCache
+from ..rollout.engine import DecodeState, PlainDecoder, StepResult, cache_shape, span_bucket
 from ..rollout.sampling import SamplingParams, sampling_logprobs
 from .budget import concurrency_budget, cost_model_budget, resolve_budget, speculation_may_pay
 from .config import SpecConfig
@@ -80,6 +81,8 @@ class SpecDecoder:
         self.set_heads(heads if heads is not None else initial_heads(model, cfg))
         self.profile = None
         self.budget = resolve_budget(cfg.budget, next(model.parameters()).device.type)
+        if compile:
+            self.compile_steps()
         if self.budget == "cost_model" or (self.budget == "concurrency" and cfg.capacity is None):
             self.profile = get_profile(model, cfg.profile_cache_len, self.profiled_pass if compile else None)
         self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
@@ -106,6 +109,22 @@ class SpecDecoder:
         else:
             positions = cache.lengths[:batch, None] + torch.arange(nodes, device=ids.device)
             self.verify_forward(self.model, ids, positions, cache, mask, span)
+
+    @torch.inference_mode()
+    def compile_steps(self) -> None:
+        """Compile every graph decoding meets (the plain step and the verify forward, at batch 1
+        and above) now: lazily, the first tree of a run would stall it for minutes on a CPU."""
+        device = next(self.model.parameters()).device
+        # Sizes that equal no other (3 cache rows, batch 2, 4 nodes): dynamo would otherwise
+        # assume that two sizes it saw equal always are, and recompile when they are not.
+        cache = KVCache.for_model(self.model, *cache_shape(3, 4))
+        if device.type == "cuda":
+            cache.mark_static()  # as the engine's
+        for batch in (1, 2):
+            for nodes in (1, 4):
+                ids = torch.zeros(batch, nodes, dtype=torch.long, device=device)
+                mask = torch.ones(nodes, nodes, dtype=torch.bool, device=device).tril().repeat(batch, 1, 1)
+                self.profiled_pass(ids, cache, mask)
 
     def set_heads(self, heads: HorizonHeads) -> None:
         """Use `heads` from the next step on (call between generate calls) and recalibrate."""
