@@ -13,9 +13,10 @@ The head is degraded when z_k > z_threshold AND a0_k - a_k >= min_acceptance_dro
 acceptance over the window), outside cooldown. That is `signal="tv"`, the design's rule. The
 default, `signal="acceptance"`, takes as z_k the fall in acceptance over its binomial standard
 error instead (`acceptance_z`): on a measured drift the TV of head 0's records fell while its
-acceptance fell by 0.07-0.18 (docs/benchmarks.md), so the TV rule did not fire at its threshold. A head degraded at `consecutive` consecutive
-checks triggers an event naming the degraded heads with the largest z (at most
-`max_heads_per_event`), and starts a cooldown of `cooldown_steps` steps.
+acceptance fell by 0.07-0.18 (docs/benchmarks.md), so the TV rule did not fire at its
+threshold. A head degraded at `consecutive` consecutive checks triggers an event naming the
+degraded heads with the largest z (at most `max_heads_per_event`), and starts a cooldown of
+`cooldown_steps` steps.
 
 Choices the design leaves open:
 - Inside cooldown no head is degraded, so checks there reset every streak: the heads were
@@ -220,7 +221,7 @@ class DriftCheck:
     """The outcome of one check (what `heads/drift_*` metrics report)."""
 
     step: int
-    z: torch.Tensor  # [H] robust z of each checked head; nan: not checked
+    z: torch.Tensor  # [H] z (of the configured signal) of each checked head; nan: not checked
     acceptance_drop: torch.Tensor  # [H] baseline minus window acceptance; nan: not checked or unknown
     degraded: torch.Tensor  # [H] bool
     streak: torch.Tensor  # [H] consecutive degraded checks after this one (0 after a trigger)
