@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from specroll.benchmarks.adaptation import VANILLA, goals, main, markdown_table, rate, summarize
+from specroll.benchmarks.adaptation import CEILING, VANILLA, goals, main, markdown_table, rate, summarize
 
 ROUNDS, DRIFT_AT, PROMPTS, N = 5, 2, 2, 2
 
@@ -41,6 +41,17 @@ def test_summary_splits_at_the_drift_and_takes_ratios_of_totals():
     assert every["gain_over_static_after_se"] == pytest.approx(0.05)
     assert (every["update_attempts"], every["updates_committed"]) == (3, 2)
     assert every["update_s"] == pytest.approx(1.0) and every["update_share_of_gen"] == pytest.approx(1.0 / 4)
+
+
+def test_each_mode_is_measured_against_what_heads_fit_for_the_drifted_policy_gain():
+    rounds = {VANILLA: [row()] * 3, "static": [row(2.0), row(1.5), row(1.7)],
+              "slow": [row(2.0), row(1.6), row(1.8)], CEILING: [row(2.0), row(1.9), row(2.1)]}
+    s = summarize(rounds, drift_at=1)
+    # Paired gains over static: slow (0.1, 0.1), the ceiling (0.4, 0.4); slow wins back a quarter.
+    assert s[CEILING]["gain_over_static_after"] == pytest.approx(0.4)
+    assert s["slow"]["share_of_ceiling_gain"] == pytest.approx(0.25) and s[CEILING]["share_of_ceiling_gain"] == 1
+    assert goals(s)["static / ceiling tokens per pass"] == pytest.approx(1.6 / 2.0)
+    assert "(25% of the ceiling's)" in markdown_table(s)
 
 
 def test_goals_compare_the_modes_after_the_drift():
@@ -110,9 +121,14 @@ def test_every_mode_runs_every_round_on_the_same_prompts(tmp_path):
 def test_tree_records_and_the_acceptance_signal_reach_the_run(tmp_path):
     """--record-nodes tree sends more records from the same first round; --drift-signal reaches the detector."""
     common = ["--tiny", "--threads", "1", "--rounds", "3", "--drift-at", "1", "--prompts", "2", "--n", "2",
-              "--max-new-tokens", "12", "--calibration-steps", "1", "--min-records", "4", "--modes", "slow"]
+              "--max-new-tokens", "12", "--calibration-steps", "1", "--min-records", "4", "--modes", "static", "slow"]
     path = main(common + ["--json", str(tmp_path / "path.json")])
-    tree = main(common + ["--record-nodes", "tree", "--drift-signal", "acceptance", "--json", str(tmp_path / "tree.json")])
+    tree = main(common + ["--record-nodes", "tree", "--drift-signal", "acceptance", "--heads-b", "trained",
+                          "--json", str(tmp_path / "tree.json")])
     assert tree["rounds"]["slow"][0]["records"] > path["rounds"]["slow"][0]["records"] > 0
+    # The ceiling drafts as static does (the same heads, prompts and seeds) until the drift, then with B's heads.
+    ceiling, static = tree["rounds"][CEILING], tree["rounds"]["static"]
+    assert ceiling[0]["tokens_per_step_mean"] == static[0]["tokens_per_step_mean"]
+    assert [r["tokens_per_step_mean"] for r in ceiling[1:]] != [r["tokens_per_step_mean"] for r in static[1:]]
     assert tree["args"]["record_nodes"] == "tree" and tree["args"]["drift_signal"] == "acceptance"
     assert tree["rounds"]["slow"][-1]["drift_check"] is not None

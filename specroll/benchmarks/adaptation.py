@@ -5,7 +5,9 @@ mode, all modes on the same prompts and seeds. The policy is A for the first `--
 rounds (the drift detector calibrates there, and the heads, trained for A, fit) and B after
 (the drift), swapped in place as a rollout actor's `load_policy` does, so every decoder's
 state carries over as in a training run. Modes: static, reflex, slow, both, every_step
-(`rollout.spec.adaptation`), plus plain decoding on the same prompts for the speed ratio.
+(`rollout.spec.adaptation`), plus plain decoding on the same prompts for the speed ratio, and
+with `--heads-b` a ceiling: static heads that switch at the drift to heads fit for B, so the
+table shows how much of the drift's cost each mode wins back.
 Slow-path modes hand each round's records to their own `HeadConsolidator` after the round
 and draft with committed heads from the next round on. The update runs between rounds here;
 in a training run it overlaps the learner, so its seconds are reported apart, not in generation time.
@@ -14,10 +16,12 @@ differ, so a difference between modes means something only beyond the printed st
 
     python -m specroll.benchmarks.adaptation [--quick] [--policy-a smollm2-135m-instruct --heads shipped]
         [--policy-b ~/.cache/specroll/sft/gsm8k800] [--modes static reflex slow both every_step]
-        [--rounds 12 --drift-at 4] [--head-lr 1e-5 --head-steps 2] [--threads 1] [--json out.json] [--plot out.png]
+        [--rounds 12 --drift-at 4] [--head-lr 1e-5 --head-steps 2] [--heads-b FILE] [--threads 1]
+        [--json out.json] [--plot out.png]
 
 The reverse drift (heads trained for the SFT'd policy drafting for the instruct one):
     --policy-a ~/.cache/specroll/sft/gsm8k800 --heads <heads file for it> --policy-b smollm2-135m-instruct
+        --heads-b shipped
 Tiny stand-ins (tests, smoke runs; B is A with its last layer and LM head perturbed): --tiny
 """
 from __future__ import annotations
@@ -46,6 +50,7 @@ from .engine_vs_hf import load_prompts
 from .grpo_steps import GSM8K_TRAIN
 
 VANILLA = "vanilla"  # plain decoding, the speed reference
+CEILING = "ceiling"  # static heads, swapped at the drift for heads fit for policy B
 DEFAULT_POLICY_B = "~/.cache/specroll/sft/gsm8k800"  # the README's SFT recipe on 800 GSM8K problems
 # Run sizes: a full run, and --quick (under 10 minutes with SmolLM2 on a 2-core CPU).
 SIZES = {"full": dict(rounds=12, prompts=4, n=4, max_new_tokens=128),
@@ -64,6 +69,7 @@ class Scenario:
     rounds: list[tuple[list[int], list[list[int]]]]  # per round: (prompt indices, prompt token ids)
     description: str  # "A ... -> B ...": the plot's title
     prompt_source: str
+    heads_b: HorizonHeads | None = None  # heads fit for B (the ceiling's), if given
 
 
 @dataclass
@@ -73,19 +79,20 @@ class Arm:
     mode: str
     engine: RolloutEngine
     consolidator: HeadConsolidator | None = None
+    heads_after_drift: HorizonHeads | None = None  # the ceiling's heads for policy B
 
 
 # -- the scenario -------------------------------------------------------------------------------
 
-def load_heads(spec: str, policy_name: str, model) -> HorizonHeads:
-    """'shipped' (SpecRoll's heads for policy A), 'untrained', or a heads file."""
+def load_heads(spec: str, policy_name: str, model, flag: str = "--heads") -> HorizonHeads:
+    """'shipped' (SpecRoll's heads for `policy_name`), 'untrained', or a heads file."""
     if spec == "untrained":
         return HorizonHeads.for_model(model, "path", 4)
     if spec == "shipped":
         try:
             spec = str(shipped_heads(policy_name))
         except ValueError as exc:
-            raise ValueError(f"{exc}; pass --heads FILE (heads trained for policy A)") from None
+            raise ValueError(f"{exc}; pass {flag} FILE (heads trained for {policy_name})") from None
     return HorizonHeads.load(spec, model)
 
 
@@ -99,9 +106,10 @@ def real_scenario(args) -> Scenario:
     if model_fingerprint(b.config) != model_fingerprint(model.config):
         raise ValueError(f"policy B ({model_fingerprint(b.config)}) is not the architecture of policy A "
                          f"({model_fingerprint(model.config)}): heads cannot carry over")
+    heads_b = None if args.heads_b is None else load_heads(args.heads_b, args.policy_b, b, "--heads-b")
     prompts, source = load_prompts(tokenizer, args.rounds * args.prompts, Path(args.data_path).expanduser())
     return Scenario(model, b.state_dict(), heads, split_rounds(prompts, args.prompts),
-                    f"A {args.policy_a} (heads {args.heads}) -> B {args.policy_b}", source)
+                    f"A {args.policy_a} (heads {args.heads}) -> B {args.policy_b}", source, heads_b)
 
 
 def split_rounds(prompts: list[list[int]], per_round: int) -> list[tuple[list[int], list[list[int]]]]:
@@ -119,10 +127,15 @@ def tiny_scenario(args) -> Scenario:
     for name, p in b.items():
         if name.startswith(("layers.1.", "lm_head")):
             p.add_(torch.randn(p.shape, generator=g) * args.tiny_drift)
+    heads_b = None
+    if args.heads_b is not None:  # trained here for B, on a copy of the model holding B's weights
+        model_b = copy.deepcopy(model)
+        model_b.load_state_dict(b)
+        heads_b = tiny_heads(model_b, random_prompts(g, 8))
     prompts = random_prompts(g, args.rounds * args.prompts)
     return Scenario(model, b, heads, split_rounds(prompts, args.prompts),
                     f"A tiny-llama (heads trained here) -> B A + noise {args.tiny_drift} on its last layer and LM head",
-                    "random tokens")
+                    "random tokens", heads_b)
 
 
 def tiny_heads(model, prompts: list[list[int]], positions: int = 2000, epochs: int = 3) -> HorizonHeads:
@@ -154,17 +167,19 @@ def build_arms(scenario: Scenario, args) -> list[Arm]:
                         min_records=args.min_records, consecutive=args.consecutive, z_threshold=args.z_threshold,
                         min_acceptance_drop=args.min_acceptance_drop, signal=args.drift_signal)
     consolidation = ConsolidationConfig(lr=args.head_lr, steps=args.head_steps)
-    for mode in args.modes:
+    modes = args.modes + ([CEILING] if scenario.heads_b is not None else [])
+    for mode in modes:
         heads = scenario.heads
         spec = SpecConfig(head_type=heads.head_type, num_heads=heads.num_heads, heads_path=None, budget=args.budget,
-                          fixed_nodes=args.nodes, max_nodes=max(args.max_nodes, args.nodes), adaptation=mode,
+                          fixed_nodes=args.nodes, max_nodes=max(args.max_nodes, args.nodes),
+                          adaptation="static" if mode == CEILING else mode,
                           reflex=ReflexConfig(mode=args.reflex_mode, scale=args.reflex_scale),
                           records_per_rollout=args.records_per_rollout,
                           record_nodes=args.record_nodes, drift=drift, consolidation=consolidation)
         engine = RolloutEngine(scenario.model, spec=spec)
         engine.decoder.set_heads(copy.deepcopy(heads))  # every mode starts from the same heads
         consolidator = HeadConsolidator(heads, mode, drift, consolidation) if spec.uses_slow_path else None
-        arms.append(Arm(mode, engine, consolidator))
+        arms.append(Arm(mode, engine, consolidator, scenario.heads_b if mode == CEILING else None))
     return arms
 
 
@@ -214,6 +229,9 @@ def run_rounds(scenario: Scenario, arms: list[Arm], args) -> dict[str, list[dict
     for r, (indices, prompts) in enumerate(scenario.rounds):
         if r == args.drift_at:
             scenario.model.load_state_dict(scenario.policy_b)  # in place, as a rollout actor's load_policy
+            for arm in arms:
+                if arm.heads_after_drift is not None:
+                    arm.engine.decoder.set_heads(copy.deepcopy(arm.heads_after_drift))
         params = SamplingParams(temperature=args.temperature, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
                                 n=args.n, seed=args.seed + r)
         shift = r % len(arms)
@@ -306,6 +324,10 @@ def summarize(rounds: dict[str, list[dict]], drift_at: int) -> dict[str, dict]:
             # Paired by round (same prompts and seeds): the prompts' own difficulty cancels out.
             gains = [r["tokens_per_step_mean"] - s for r, s in zip(after, static_after)]
             summary[mode] |= {"gain_over_static_after": mean(gains), "gain_over_static_after_se": standard_error(gains)}
+    ceiling_gain = summary.get(CEILING, {}).get("gain_over_static_after")
+    if ceiling_gain is not None and ceiling_gain > 0:
+        for mode in rounds.keys() - {VANILLA}:
+            summary[mode]["share_of_ceiling_gain"] = summary[mode]["gain_over_static_after"] / ceiling_gain
     return summary
 
 
@@ -326,13 +348,16 @@ def goals(summary: dict[str, dict]) -> dict:
         out["both runs >= 5x fewer updates"] = fewer is None or fewer >= 5
     if "both" in summary:
         out["both updates < 2% of generation time"] = summary["both"]["update_share_of_gen"] < 0.02
+    if {CEILING, "static"} <= tok.keys():  # what the drift cost frozen heads, and so what adaptation can win back
+        out["static / ceiling tokens per pass"] = tok["static"] / tok[CEILING]
     return out
 
 
 def paired_gain(s: dict) -> str:
     if "gain_over_static_after" not in s:
         return "-"
-    return f"{s['gain_over_static_after']:+.3f} ± {s['gain_over_static_after_se']:.3f}"
+    text = f"{s['gain_over_static_after']:+.3f} ± {s['gain_over_static_after_se']:.3f}"
+    return text + (f" ({s['share_of_ceiling_gain']:.0%} of the ceiling's)" if "share_of_ceiling_gain" in s else "")
 
 
 def markdown_table(summary: dict[str, dict]) -> str:
@@ -361,6 +386,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     # scenario
     ap.add_argument("--policy-a", default="smollm2-135m-instruct", help="the policy the heads were trained for")
     ap.add_argument("--heads", default="shipped", help="heads for policy A: 'shipped', a file, or 'untrained'")
+    ap.add_argument("--heads-b", default=None,
+                    help="heads fit for policy B ('shipped' or a file; with --tiny, any value trains them here): "
+                         "adds the ceiling row")
     ap.add_argument("--policy-b", default=DEFAULT_POLICY_B, help="the drifted policy: alias or HF directory")
     ap.add_argument("--tiny", action="store_true", help="tiny random models instead (tests, smoke runs)")
     ap.add_argument("--tiny-drift", type=float, default=0.1, help="--tiny: noise std added to make B")
