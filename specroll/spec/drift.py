@@ -44,7 +44,7 @@ class DriftConfig:
     calibration_steps: int = 20  # optimizer steps whose telemetry sets the baselines, then frozen
     check_every: int = 20  # steps between two checks after calibration
     min_records: int = 1024  # matured records a head needs in its window to be checked
-    z_threshold: float = 2.5  # robust z of TV above which a head may be degraded
+    z_threshold: float = 2.5  # z (of `signal`) above which a head may be degraded
     min_acceptance_drop: float = 0.05  # baseline minus current acceptance a degraded head also needs
     consecutive: int = 2  # consecutive degraded checks of one head that trigger an update
     cooldown_steps: int = 50  # steps after a trigger with no trigger (the new heads settle in)
