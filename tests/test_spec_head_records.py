@@ -37,6 +37,9 @@ def test_greedy_records_hold_the_policy_at_the_right_position(model):
     assert (root == records.path_tokens[:, 0]).all()
     assert (records.target_logp.exp().sum(1) + records.target_tail.exp()).sub(1).abs().max() < 1e-4
     assert set(records.head.tolist()) <= set(range(4)) and (records.head_version == 0).all()
+    # Each record names the response it came from (its index in the output), which holds its token.
+    assert len(set(records.response.tolist())) > 1
+    assert all(t in out.token_ids[r] for t, r in zip(records.token.tolist(), records.response.tolist()))
     # Telemetry counts every verified draft; acceptance is what verification decided.
     assert telemetry.trials.sum() > 0 and telemetry.accepted.sum() <= telemetry.trials.sum()
 

@@ -12,8 +12,9 @@ from specroll.spec.replay import MaturedRecords, ReplayMemory
 D, H, K, M = 8, 4, 32, 8
 
 
-def records(n, first_token=0, policy_version=0, seed=0) -> MaturedRecords:
-    """n records whose `token` field numbers them first_token, first_token + 1, ..."""
+def records(n, first_token=0, policy_version=0, seed=0, per_response=1) -> MaturedRecords:
+    """n records whose `token` field numbers them first_token, first_token + 1, ..., from
+    consecutive responses of `per_response` records each."""
     g = torch.Generator().manual_seed(seed)
     return MaturedRecords(
         head=torch.randint(0, H, (n,), generator=g),
@@ -25,7 +26,7 @@ def records(n, first_token=0, policy_version=0, seed=0) -> MaturedRecords:
         proposal_logp=torch.randn(n, M, generator=g), proposal_ids=torch.randint(0, 100, (n, M), generator=g),
         proposal_tail=torch.randn(n, generator=g),
         policy_version=torch.full((n,), policy_version), head_version=torch.zeros(n, dtype=torch.long),
-        bucket=torch.randint(0, 5, (n,), generator=g),
+        bucket=torch.randint(0, 5, (n,), generator=g), response=torch.arange(n) // per_response,
     )
 
 
@@ -41,9 +42,9 @@ def test_stays_under_its_cap_dropping_and_counting_the_oldest():
     assert memory.add(records(250, first_token=1000)) == 250
     assert tokens(memory.records) == list(range(1150, 1250)) and memory.dropped == 330
     # Per record: head 8 + hidden 8 * 2 (fp16) + path 4 * 8 + token 8 + target 32 * (4 + 8) + 4
-    # + proposal 8 * (4 + 8) + 4 + versions 2 * 8 + bucket 8 + arrival number 8 = 584 bytes.
+    # + proposal 8 * (4 + 8) + 4 + versions 2 * 8 + bucket 8 + response 8 + arrival number 8 = 592 bytes.
     assert memory.records.hidden.dtype == torch.float16
-    assert memory.nbytes == 100 * 584
+    assert memory.nbytes == 100 * 592
 
 
 def test_ages_out_older_policy_versions():
@@ -72,6 +73,17 @@ def test_held_out_split_is_deterministic_disjoint_and_stable():
     assert set(tokens(later_train)) & set(range(1000)) == set(tokens(train)) & set(range(500, 1000))
 
 
+def test_a_response_is_held_out_whole():
+    """Records of one response share its context: the split never puts them on both sides."""
+    memory = ReplayMemory(capacity=10_000)
+    for step in range(3):  # each step's batch numbers its responses from 0 again
+        memory.add(records(2000, first_token=2000 * step, per_response=20))
+    train, held = memory.split(0.1, seed=3)
+    step_and_response = lambda recs: {(t // 2000, t % 2000 // 20) for t in tokens(recs)}  # noqa: E731
+    assert step_and_response(train).isdisjoint(step_and_response(held))
+    assert 29 <= len(step_and_response(held)) <= 31 and len(held) == 20 * len(step_and_response(held))  # ~10%, whole
+
+
 def test_state_round_trips_through_weights_only_load():
     def reload(state):
         buffer = io.BytesIO()
@@ -94,6 +106,12 @@ def test_state_round_trips_through_weights_only_load():
     for m in (memory, resumed):  # the same future: arrival numbers continue where they stopped
         m.add(records(30, first_token=500, seed=9))
     assert [tokens(side) for side in resumed.split(0.2, seed=1)] == [tokens(side) for side in memory.split(0.2, seed=1)]
+
+    old_run = memory.state_dict()
+    old_run["records"] = {k: v for k, v in old_run["records"].items() if k != "response"}  # saved before the field
+    from_old = ReplayMemory(capacity=100)
+    from_old.load_state_dict(reload(old_run))
+    assert from_old.records.response.tolist() == list(range(100))  # a response per record
 
     smaller = ReplayMemory(capacity=40)
     smaller.load_state_dict(reload(memory.state_dict()))

@@ -217,7 +217,7 @@ def consolidate(arm: Arm, model, policy_version: int) -> dict:
         arm.engine.decoder.set_heads(copy.deepcopy(arm.consolidator.heads).to(device=p.device, dtype=p.dtype))
     check = arm.consolidator.last_check  # the detector's view of this step, for tuning it
     return {"records": 0 if records is None else len(records), "heads_to_train": heads,
-            "update": None if result is None else asdict(result),
+            "update": None if result is None else asdict(result) | {"committed": result.committed},
             "drift_check": None if check is None else {
                 "z": check.z.tolist(), "acceptance_drop": check.acceptance_drop.tolist(),
                 "degraded": check.degraded.tolist()},
@@ -253,8 +253,8 @@ def progress_line(r: int, total: int, rounds: dict[str, list[dict]]) -> str:
         text = f"{mode} {row['tokens_per_step_mean']:.2f}"
         update = row.get("update")
         if update:
-            outcome = "kept" if update["committed"] else "rolled back"
-            text += f" (update {','.join(map(str, update['heads']))} {outcome} {update['seconds']:.1f}s)"
+            kept = "all" if list(update["kept"]) == list(update["heads"]) else ",".join(map(str, update["kept"])) or "none"
+            text += f" (update {','.join(map(str, update['heads']))}, kept {kept}, {update['seconds']:.1f}s)"
         parts.append(text)
     return f"round {r + 1}/{total} policy {rows[-1]['policy']}: " + " | ".join(parts) + "  [tok/pass]"
 

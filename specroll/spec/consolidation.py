@@ -5,8 +5,10 @@ consolidator keeps the records (bounded, older policy versions aged out), runs t
 detector on the telemetry, and when it names degraded heads (or after every step, in
 `every_step` mode) trains those heads alone for a few steps on the shared head loss with a
 proximal term toward the heads that drafted. The policy (backbone, embeddings, LM head) stays
-frozen. The update is kept only if held-out records say it helped (cross-entropy not above
-`commit_ce_ratio` x before and TV lower); otherwise parameters and optimiser state go back.
+frozen. Each trained head is kept only if its own held-out records say it helped (cross-entropy
+not above `commit_ce_ratio` x before and TV lower); otherwise that head's parameters and
+optimiser state go back. (Judged over all heads' records together, head 0's many records hid
+deeper heads that an update made worse.)
 """
 from __future__ import annotations
 
@@ -68,17 +70,22 @@ class UpdateResult:
     """One head-only update."""
 
     heads: tuple[int, ...]  # heads trained (0-based)
-    committed: bool  # kept (else rolled back)
+    kept: tuple[int, ...]  # of those, the heads whose update was kept (the others rolled back)
     version: int  # head version after it
     train_records: int
     step_records: int  # records each optimiser step used (bounds the update's cost)
     held_out_records: int
-    ce_before: float  # held-out cross-entropy to the policy's (coarsened) distribution
-    ce_after: float
+    ce_before: float  # held-out cross-entropy to the policy's (coarsened) distribution, trained heads' records
+    ce_after: float  # the same after training, before any head is rolled back
     tv_before: float  # held-out TV between head and policy (coarsened)
     tv_after: float
     loss: float  # training loss of the last optimiser step
     seconds: float
+
+    @property
+    def committed(self) -> bool:
+        """Some head's update was kept: a new head version."""
+        return bool(self.kept)
 
 
 def records_batch(records: MaturedRecords, num_heads: int, embed: torch.Tensor, device) -> HeadBatch:
@@ -100,13 +107,31 @@ def records_batch(records: MaturedRecords, num_heads: int, embed: torch.Tensor, 
                      at_head(records.target_tail.float()), at_head(records.token.long()), proximal)
 
 
+@dataclass(frozen=True)
+class HeadFit:
+    """Sums over one head's held-out records of its cross-entropy and TV to the policy."""
+
+    ce_sum: float
+    tv_sum: float
+    records: int
+
+    @property
+    def ce(self) -> float:
+        return self.ce_sum / max(self.records, 1)
+
+    @property
+    def tv(self) -> float:
+        return self.tv_sum / max(self.records, 1)
+
+
 @torch.no_grad()
-def held_out_fit(heads: HorizonHeads, lm_head: torch.Tensor, batch: HeadBatch, chunk: int = 512) -> tuple[float, float]:
-    """(cross-entropy, TV) of the heads against the policy over the batch's records, coarsened to
-    each target's top tokens + one tail bucket; means over records."""
+def held_out_fit(heads: HorizonHeads, lm_head: torch.Tensor, batch: HeadBatch, chunk: int = 512) -> list[HeadFit]:
+    """Per head: cross-entropy and TV of the head against the policy over its records in the
+    batch, coarsened to each target's top tokens + one tail bucket."""
     states = head_states(heads, batch)
-    ce_sum, tv_sum, count = 0.0, 0.0, 0
+    fits = []
     for j in range(heads.num_heads):
+        ce_sum, tv_sum = 0.0, 0.0
         rows = batch.valid[:, j].nonzero()[:, 0]
         for c in range(0, rows.numel(), chunk):
             r = rows[c : c + chunk]
@@ -116,8 +141,13 @@ def held_out_fit(heads: HorizonHeads, lm_head: torch.Tensor, batch: HeadBatch, c
             p_top, p_tail = batch.top_logp[r, j].exp(), batch.tail_logp[r, j].exp()
             ce_sum += float(-(p_top * logq_top).sum() - (p_tail * q_tail.log()).sum())
             tv_sum += float(0.5 * ((p_top - logq_top.exp()).abs().sum(1) + (p_tail - q_tail).abs()).sum())
-            count += r.numel()
-    return ce_sum / max(count, 1), tv_sum / max(count, 1)
+        fits.append(HeadFit(ce_sum, tv_sum, rows.numel()))
+    return fits
+
+
+def pooled(fits: list[HeadFit]) -> HeadFit:
+    """The fits of several heads as one, weighted by their records."""
+    return HeadFit(sum(f.ce_sum for f in fits), sum(f.tv_sum for f in fits), sum(f.records for f in fits))
 
 
 class HeadConsolidator:
@@ -152,8 +182,8 @@ class HeadConsolidator:
     def update(self, heads_to_train: list[int], lm_head: torch.Tensor, embed: torch.Tensor,
                seed: int = 0) -> UpdateResult | None:
         """Train `heads_to_train` on the replayed records of the current policy (its `lm_head`,
-        `embed`, frozen); keep the result only if held-out records improve. None: no records to
-        train those heads on, or none held out."""
+        `embed`, frozen); keep each trained head only if its held-out records improve. None: no
+        records to train those heads on, or none held out."""
         started = time.perf_counter()
         if len(self.replay) == 0:
             return None
@@ -166,8 +196,9 @@ class HeadConsolidator:
         lm_head, embed = lm_head.detach().float(), embed.detach().float()
         train_batch = records_batch(train, self.heads.num_heads, embed, device)
         held_batch = records_batch(held_out, self.heads.num_heads, embed, device)
-        ce_before, tv_before = held_out_fit(self.heads, lm_head, held_batch)
-        saved = copy.deepcopy((self.heads.state_dict(), self.optimizer.state_dict()))
+        before = held_out_fit(self.heads, lm_head, held_batch)
+        saved = {p: (p.detach().clone(), copy.deepcopy(self.optimizer.state.get(p)))
+                 for k in trained for p in self.head_parameters(k)}
         step_records = min(self.cfg.batch_records, len(train))
         sampler = torch.Generator().manual_seed(seed)
         self.heads.train()
@@ -182,21 +213,33 @@ class HeadConsolidator:
             torch.nn.utils.clip_grad_norm_(self.heads.parameters(), self.cfg.max_grad_norm)
             self.optimizer.step()
         self.heads.eval()
-        ce_after, tv_after = held_out_fit(self.heads, lm_head, held_batch)
-        committed = ce_after <= self.cfg.commit_ce_ratio * ce_before and tv_after < tv_before
-        if committed:
+        after = held_out_fit(self.heads, lm_head, held_batch)
+        kept = tuple(k for k in sorted(trained) if after[k].records and after[k].ce <= self.cfg.commit_ce_ratio
+                     * before[k].ce and after[k].tv < before[k].tv)
+        for k in trained - set(kept):
+            self.roll_back(k, saved)
+        if kept:
             self.heads.version += 1
-        else:
-            self.heads.load_state_dict(saved[0])
-            self.optimizer.load_state_dict(saved[1])
-        result = UpdateResult(tuple(sorted(trained)), committed, self.heads.version, len(train), step_records,
-                              len(held_out), ce_before, ce_after, tv_before, tv_after, loss,
+        fit_before, fit_after = pooled([before[k] for k in trained]), pooled([after[k] for k in trained])
+        result = UpdateResult(tuple(sorted(trained)), kept, self.heads.version, len(train), step_records,
+                              len(held_out), fit_before.ce, fit_after.ce, fit_before.tv, fit_after.tv, loss,
                               time.perf_counter() - started)
         self.updates.append(result)
         return result
 
     def head_parameters(self, k: int) -> list[torch.nn.Parameter]:
         return [*self.heads.blocks[k].parameters(), *self.heads.layers[k].parameters()]
+
+    @torch.no_grad()
+    def roll_back(self, k: int, saved: dict) -> None:
+        """Head k's parameters and their optimiser moments as they were before the update."""
+        for p in self.head_parameters(k):
+            value, moments = saved[p]
+            p.copy_(value)
+            if moments is None:
+                self.optimizer.state.pop(p, None)
+            else:
+                self.optimizer.state[p] = moments
 
     def state_dict(self) -> dict:
         """Detector baselines, replay and optimiser state (the heads themselves are checkpointed apart)."""

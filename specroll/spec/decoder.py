@@ -236,7 +236,7 @@ class SpecDecoder:
         if self.records is not None and matured is not None:
             started = time.perf_counter()
             self.records.add_pass(matured, logits, verdict, tree, hidden, roots,
-                                  state.history.lengths - state.prompt_lengths, self.heads.version,
+                                  state.history.lengths - state.prompt_lengths, state.row_ids, self.heads.version,
                                   proposals=cands.proposals)
             self.stats["time_records_s"] += time.perf_counter() - started
         self.stats["time_draft_s"] += t1 - t0

@@ -70,10 +70,11 @@ class RecordCollector:
         self.keys = torch.zeros(0)  # reservoir keys of the kept records: the smallest ones stay
 
     def add_pass(self, matured: MaturedProposals, logits: torch.Tensor, verdict, tree, hidden: torch.Tensor,
-                 roots: torch.Tensor, generated: torch.Tensor, head_version: int, gates: torch.Tensor | None = None,
-                 proposals: list[Proposal] | None = None) -> None:
+                 roots: torch.Tensor, generated: torch.Tensor, responses: torch.Tensor, head_version: int,
+                 gates: torch.Tensor | None = None, proposals: list[Proposal] | None = None) -> None:
         """One verify pass: logits [B, 1+M, V] of the policy, hidden [B, D] h_t, roots [B],
-        generated [B] tokens each response had before this pass; gates [R] Reflex's (None: 0);
+        generated [B] tokens each response had before this pass, responses [B] each row's index in
+        the generate call's output; gates [R] Reflex's (None: 0);
         proposals: the heads' sketches of the pass (needed when `record_nodes` is "tree")."""
         buckets = len(self.edges) + 1
         bucket_of_row = depth_bucket(generated, self.edges)
@@ -104,7 +105,8 @@ class RecordCollector:
             target_logp=target_logp.cpu(), target_ids=target_ids.cpu(), target_tail=log_tail(target_logp).cpu(),
             proposal_logp=matured.head_logp.float().cpu(), proposal_ids=matured.head_ids.cpu(),
             proposal_tail=head_tail.cpu(), policy_version=torch.full_like(j, -1).cpu(),
-            head_version=torch.full_like(j, head_version).cpu(), bucket=bucket_of_row[r].cpu())
+            head_version=torch.full_like(j, head_version).cpu(), bucket=bucket_of_row[r].cpu(),
+            response=responses[r].cpu())
         self.keep(records)
 
     def trials(self, verdict, tree, bucket_of_row: torch.Tensor) -> HeadTelemetry:

@@ -5,9 +5,11 @@ what the head read (h_t and the path tokens), what it proposed (top-m + tail), a
 target said (top-K + tail, and the realised token). The memory keeps at most `capacity`
 records, dropping the oldest first; records of an older policy can be aged out.
 
-The held-out split is a function of each record's arrival number and the seed only, so a
-record never moves between the two sides as records come and go: a record trained on at one
-update is never held out at the next, and the commit test stays honest.
+The held-out split is by response: a function of the arrival number of each record's response
+and the seed only. So a record never moves between the two sides as records come and go (a
+record trained on at one update is never held out at the next), and no held-out record shares
+its response, and so its context, with a training record: the commit test judges the heads on
+responses they were not trained on.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class MaturedRecords:
     policy_version: torch.Tensor  # [N] int policy whose verify pass gave the target side
     head_version: torch.Tensor  # [N] int heads that made the proposal
     bucket: torch.Tensor  # [N] int depth bucket (drift.depth_bucket of tokens generated so far)
+    response: torch.Tensor  # [N] int the response it comes from (its index in the generate call's output)
 
     def __len__(self) -> int:
         return self.head.shape[0]
@@ -67,6 +70,8 @@ class MaturedRecords:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, torch.Tensor]) -> "MaturedRecords":
+        if "response" not in state:  # saved before records named their response: one each
+            state = state | {"response": torch.arange(len(state["head"]))}
         return cls(**{f.name: state[f.name] for f in fields(cls)})
 
 
@@ -80,8 +85,8 @@ def cat_records(parts: Sequence[MaturedRecords]) -> MaturedRecords:
 
 
 def held_out_mask(serial: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
-    """[N] bool: which records (by arrival number serial [N]) are held out; about `fraction` of
-    any run of consecutive arrivals, and the same answer for a record whenever it is asked."""
+    """[N] bool: which records (by their response's arrival number serial [N]) are held out; about
+    `fraction` of any run of consecutive arrivals, and the same answer whenever it is asked."""
     offset = (seed * math.sqrt(2)) % 1.0
     return ((serial.double() * GOLDEN + offset) % 1.0) < fraction
 
@@ -94,8 +99,8 @@ class ReplayMemory:
             raise ValueError(f"replay capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.records: MaturedRecords | None = None  # oldest first; None until the first add
-        self.serial = torch.zeros(0, dtype=torch.long, device="cpu")  # [len] arrival number of each record
-        self.next_serial = 0  # arrival number of the next record added
+        self.serial = torch.zeros(0, dtype=torch.long, device="cpu")  # [len] arrival number of each record's response
+        self.next_serial = 0  # arrival number of the next response added
         self.dropped = 0  # records evicted by the cap since the start of the run (heads/replay_dropped)
 
     def __len__(self) -> int:
@@ -111,8 +116,10 @@ class ReplayMemory:
         columns = {f.name: getattr(batch, f.name).cpu() for f in fields(batch)}
         columns["hidden"] = columns["hidden"].half()  # fp16 halves the memory's largest field
         batch = MaturedRecords(**columns)
-        serial = torch.arange(self.next_serial, self.next_serial + len(batch), device="cpu")
-        self.next_serial += len(batch)
+        # Every response of the batch (one step's records) is a new arrival.
+        responses, serial = torch.unique(batch.response, return_inverse=True)
+        serial = serial + self.next_serial
+        self.next_serial += len(responses)
         self.records = batch if self.records is None else cat_records([self.records, batch])
         self.serial = torch.cat([self.serial, serial])
         return self.evict_oldest()
@@ -137,10 +144,11 @@ class ReplayMemory:
         self.serial = self.serial[index]
 
     def split(self, held_out_fraction: float = 0.1, seed: int = 0) -> tuple[MaturedRecords, MaturedRecords]:
-        """(train, held out): disjoint, together all records, deterministic in (records, seed).
+        """(train, held out): disjoint, together all records, deterministic in (records, seed); a
+        response's records all on one side.
 
-        About `held_out_fraction` of the records are held out; with few records either side may
-        be empty, and the caller decides whether that is enough to update on.
+        About `held_out_fraction` of the responses are held out; with few responses either side
+        may be empty, and the caller decides whether that is enough to update on.
         """
         if not 0 <= held_out_fraction <= 1:
             raise ValueError(f"held_out_fraction must be in [0, 1], got {held_out_fraction}")
