@@ -176,7 +176,9 @@ def test_a_dead_actor_is_reported_as_its_message(monkeypatch):
         raise KeyError("x")
 
 
-# Records every step; a small step size, so that updates on a random policy's records still help held-out ones.
+# Records every step. On the smoke run's random, near-uniform policy an update has nothing to
+# learn, so whether held-out responses keep it is chance: publishing a kept update to every
+# rollout actor is tested in test_actors.py; here, that every actor holds what was published.
 SLOW = ["cluster.num_rollout_actors=2", "data.prompts_per_step=4", "rollout.spec.consolidation.lr=1e-4",
         "rollout.spec.drift.calibration_steps=2", "rollout.spec.drift.min_records=1"]
 
@@ -195,7 +197,6 @@ def test_head_updates_reach_the_rollout_actors_and_resume_keeps_the_detector(ray
     # Every rollout actor holds what the consolidation actor published, and the next step drafts with it.
     assert held_after_0 == [first[m.HEADS_VERSION]] * 2 and held_after_1 == [second[m.HEADS_VERSION]] * 2
     assert second[m.HEAD_VERSION] == first[m.HEADS_VERSION]
-    assert second[m.HEADS_VERSION] >= 1  # at least one update was kept
     assert first[m.HEADS_REPLAY_RECORDS] > 0 and first[m.HEADS_UPDATE_S] > 0 and m.HEADS_LOSS in first
     assert 0 <= first[m.HEADS_UPDATE_WAIT_S] <= first[m.STEP_TIME_S]
 
