@@ -79,7 +79,6 @@ class Arm:
     mode: str
     engine: RolloutEngine
     consolidator: HeadConsolidator | None = None
-    heads_after_drift: HorizonHeads | None = None  # the ceiling's heads for policy B
 
 
 # -- the scenario -------------------------------------------------------------------------------
@@ -179,7 +178,7 @@ def build_arms(scenario: Scenario, args) -> list[Arm]:
         engine = RolloutEngine(scenario.model, spec=spec)
         engine.decoder.set_heads(copy.deepcopy(heads))  # every mode starts from the same heads
         consolidator = HeadConsolidator(heads, mode, drift, consolidation) if spec.uses_slow_path else None
-        arms.append(Arm(mode, engine, consolidator, scenario.heads_b if mode == CEILING else None))
+        arms.append(Arm(mode, engine, consolidator))
     return arms
 
 
@@ -230,8 +229,8 @@ def run_rounds(scenario: Scenario, arms: list[Arm], args) -> dict[str, list[dict
         if r == args.drift_at:
             scenario.model.load_state_dict(scenario.policy_b)  # in place, as a rollout actor's load_policy
             for arm in arms:
-                if arm.heads_after_drift is not None:
-                    arm.engine.decoder.set_heads(copy.deepcopy(arm.heads_after_drift))
+                if arm.mode == CEILING:
+                    arm.engine.decoder.set_heads(copy.deepcopy(scenario.heads_b))
         params = SamplingParams(temperature=args.temperature, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
                                 n=args.n, seed=args.seed + r)
         shift = r % len(arms)

@@ -116,7 +116,8 @@ class ReplayMemory:
         columns = {f.name: getattr(batch, f.name).cpu() for f in fields(batch)}
         columns["hidden"] = columns["hidden"].half()  # fp16 halves the memory's largest field
         batch = MaturedRecords(**columns)
-        # Every response of the batch (one step's records) is a new arrival.
+        # Every response of the batch (one step's records) is a new arrival; rollout actors number
+        # theirs alike, so two of them may share one: never split all the same.
         responses, serial = torch.unique(batch.response, return_inverse=True)
         serial = serial + self.next_serial
         self.next_serial += len(responses)
