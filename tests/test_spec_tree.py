@@ -298,6 +298,8 @@ def test_a_one_node_budget_is_a_plain_step(model):
     assert spec.token_ids == plain.token_ids
     assert widths[0] == 4 and set(widths[1:]) == {1}  # the prefill, then one token per row per step
     assert spec.stats["verify_steps"] == plain.stats["steps"]
+    # Finished rows wait in the batch between host reads; the statistics count only live ones.
+    assert spec.stats["tokens_per_step_hist"] == {1: sum(plain.stats["active_rows_per_step"])}
 
 
 def test_cost_model_budget_speculates_where_it_pays_and_stays_exact_in_greedy(model, tmp_path, monkeypatch):

@@ -43,9 +43,9 @@ SPAN_BUCKET = 64
 class DecodeState:
     """Per-row state of a generate call; rows are kept in cache order.
 
-    A fixed-shape decoder leaves finished rows in the batch (`live` False, their cache frozen)
-    until the engine compacts it at a batch-size bucket, so no step needs to read on the host
-    which rows are done.
+    Plain steps leave finished rows in the batch (`live` False, their cache frozen) until the
+    engine compacts it at a batch-size bucket, so no step needs to read on the host which rows
+    are done.
     """
 
     def __init__(self, cache: KVCache, history: TokenHistory, row_ids: torch.Tensor, rng: RowRandom,
@@ -59,6 +59,7 @@ class DecodeState:
         self.last_hidden = last_hidden  # final hidden state at the position that produced it
         self.params = params
         self.live = torch.ones_like(row_ids, dtype=torch.bool)  # rows still generating
+        self.live_rows = len(row_ids)  # rows not finished at the last host read (the engine's)
         # Host-side bound on every row's cache length, kept by the decoders without a sync.
         self.cached_bound = int(history.lengths.max())
         self.drafter_state = None  # per-row state a drafter keeps for the generate call (Reflex), with keep(rows)
@@ -115,7 +116,6 @@ class PlainDecoder:
     fixed-shape and sync-free, so it can run compiled (see `compiled_step`)."""
 
     max_tokens_per_step = 1
-    fixed_shape = True  # finished rows may stay in the batch; the engine compacts at buckets
 
     def __init__(self, model, compile: bool = False) -> None:
         self.model = model
@@ -124,6 +124,10 @@ class PlainDecoder:
     @property
     def compiled_on_cuda(self) -> bool:
         return self.decode.compiled and self.decode.on_cuda
+
+    def next_step_plain(self, state: DecodeState) -> bool:
+        """Every step is plain: it reads nothing on the host and lets finished rows stay."""
+        return True
 
     def step(self, state: DecodeState) -> StepResult:
         tokens, logprobs, state.last_hidden = self.decode(self.model, state.last_tokens, state.cache, state.span(1),
@@ -154,9 +158,10 @@ class RolloutEngine:
     """Batched generation with a plain or speculative decoder.
 
     `compile`: run the plain decode step compiled (torch.compile; CUDA graphs on GPUs).
-    `sync_every`: decode steps between two host reads of which rows are finished (to stop and
-    to compact the batch); in between, steps run without any host synchronisation. Decoders
-    that are not fixed-shape (speculative) read every step.
+    `sync_every`: plain decode steps between two host reads of which rows are finished (to stop
+    and to compact the batch); in between, steps run without any host synchronisation. A
+    decoder says before each step whether it will be plain (`next_step_plain`); a tree step is
+    read before, with the finished rows dropped.
     """
 
     def __init__(self, model, tokenizer=None, spec=None, show_progress: bool = False, compile: bool = False,
@@ -247,21 +252,24 @@ class RolloutEngine:
         # Every row is done after its cap's worth of steps: the loop never runs longer.
         max_steps = int(row_caps.max()) - 1
         active = torch.zeros(max_steps + 1, dtype=torch.long, device=self.device)  # live rows per step
-        sync_every = self.sync_every if getattr(self.decoder, "fixed_shape", False) else 1
         bar = tqdm(total=int(row_caps.sum()), desc="rollout", unit="tok", disable=not self.show_progress)
-        steps = 0
+        steps, unread = 0, 0  # unread: plain steps that may still run before the next host read
         self.record(StepResult(first[:, None], first_lp[:, None], torch.ones_like(first)), state, responses)
         while True:
-            if steps % sync_every == 0 or steps == max_steps:
+            plain = self.next_step_plain(state)
+            if unread == 0 or not plain or steps == max_steps:
                 live = state.live.cpu()  # the only host read of the loop
                 if self.show_progress:
                     bar.update(int(responses.lengths.sum()) - bar.n)
                 if not live.any():
                     break
-                self.compact(state, live)
+                state.live_rows = int(live.sum())
+                plain = self.next_step_plain(state)
+                self.compact(state, live, to_bucket=plain)
+                unread = self.sync_every if plain else 1
             active[steps] = state.live.sum()
             self.record(self.decoder.step(state), state, responses)
-            steps += 1
+            steps, unread = steps + 1, unread - 1
         bar.close()
 
         tokens, logprobs, finish = responses.to_lists()
@@ -289,11 +297,16 @@ class RolloutEngine:
         last = (lengths - 1)[:, None, None].expand(-1, 1, out.hidden.shape[-1])
         return out.logits[:, 0], torch.gather(out.hidden, 1, last)[:, 0]
 
-    def compact(self, state: DecodeState, live: torch.Tensor) -> None:
-        """Drop finished rows: all of them for a decoder that is not fixed-shape, else down to the
-        next power-of-two bucket that holds the live rows (finished rows fill it up)."""
+    def next_step_plain(self, state: DecodeState) -> bool:
+        """Whether the decoder's next step is plain (decoders without the method: never)."""
+        ask = getattr(self.decoder, "next_step_plain", None)
+        return ask is not None and ask(state)
+
+    def compact(self, state: DecodeState, live: torch.Tensor, to_bucket: bool) -> None:
+        """Drop finished rows: all of them, or down to the next power-of-two bucket that holds the
+        live rows (finished rows fill it up) before plain steps."""
         num_live, batch = int(live.sum()), len(live)
-        size = batch_bucket(num_live, batch) if getattr(self.decoder, "fixed_shape", False) else num_live
+        size = batch_bucket(num_live, batch) if to_bucket else num_live
         if size == batch:
             return
         rows = torch.cat((torch.nonzero(live).squeeze(1), torch.nonzero(~live).squeeze(1)))[:size]

@@ -145,10 +145,11 @@ class SpecDecoder:
                       "time_bookkeeping_s": 0.0, "verify_steps": 0, "drafts_accepted": 0, "lookup_accepted": 0,
                       "drafted_response_steps": 0, "drafted_tokens": 0,
                       "time_reflex_s": 0.0, "reflex_on_steps": 0, "reflex_records": 0, "reflex_reliability": 0.0,
-                      "reflex_state_rms": 0.0, "reflex_resets": 0, "time_records_s": 0.0}
+                      "reflex_state_rms": 0.0, "reflex_resets": 0, "time_records_s": 0.0, "plain_row_steps": 0}
 
     def pop_stats(self) -> dict:
         s = self.stats
+        s["tokens_per_step"][1] += int(s["plain_row_steps"])  # a device count: read once, here
         out = verify_pass_stats(s) | {
             "drafted_response_steps": s["drafted_response_steps"],
             "drafted_tokens": s["drafted_tokens"],
@@ -199,25 +200,38 @@ class SpecDecoder:
         lookup = lookup_drafts(history.tokens, history.lengths, self.cfg.lookup_ngram, min(self.heads.num_heads, max_drafts))
         return add_lookup_candidates(cands, lookup, self.lookup_acceptance.step_logp(lookup)), lookup
 
+    def planned_step_drafts(self, live_rows: int) -> int:
+        """Nodes the next step drafts for `live_rows` unfinished rows (0: a plain step), decided
+        on the host alone."""
+        if self.budget == "cost_model":
+            return self.planned_drafts(live_rows)
+        return self.node_budget(live_rows) - 1
+
+    def next_step_plain(self, state: DecodeState) -> bool:
+        """Whether the next step drafts nothing: such a step is the plain one, so the engine runs
+        it without a host read and with finished rows left in the batch."""
+        return self.planned_step_drafts(state.live_rows) == 0
+
     @torch.inference_mode()
     def step(self, state: DecodeState) -> StepResult:
         t0 = time.perf_counter()
-        batch = state.last_tokens.shape[0]
+        batch = state.last_tokens.shape[0]  # finished rows included before a plain step
         roots, hidden = state.last_tokens, state.last_hidden
+        drafts, cands, lookup = self.planned_step_drafts(state.live_rows), None, None
+        budget = 1 if drafts == 0 else drafts + 1
+        if drafts > 0:
+            cands, lookup = self.draft(state, drafts)
         if self.budget == "cost_model":
-            # The running estimates say how many nodes to draft (none where drafting would not
+            # The running estimates said how many nodes to draft (none where drafting would not
             # pay); this step's drafts then pick N_t, never above what was drafted.
-            drafts, cands, lookup, budget = self.planned_drafts(batch), None, None, self.cfg.min_nodes
             if drafts > 0:
-                cands, lookup = self.draft(state, drafts)
                 self.note_drafted(cands, drafts, time.perf_counter() - t0)
                 budget = cost_model_budget(cands.expected_tokens(drafts + 1), self.profile, batch, self.cfg.min_nodes,
                                            drafts + 1, self.drafting_s(), min_gain=self.cfg.min_gain)
             else:
                 self.steps_since_full_draft += 1
-        else:
-            budget = self.node_budget(batch)
-            cands, lookup = self.draft(state, budget - 1) if budget > 1 else (None, None)
+        if budget == 1:
+            self.stats["plain_row_steps"] += state.live.sum()  # finished rows emit nothing
         tree = select_tree(cands, budget - 1) if budget > 1 else None
         t1 = time.perf_counter()
         if budget > 1:
@@ -375,7 +389,8 @@ class SpecDecoder:
         old = self.draft_s[depth]
         # The first, or after a cold start: averaging would keep it high for long.
         self.draft_s[depth] = seconds if not old or seconds < old / 2 else m * old + (1 - m) * seconds
-        expected = cands.expected_tokens(drafts + 1).mean(dim=0)
+        # Kept on the host (this step reads its drafts anyway), so planning a step never syncs.
+        expected = cands.expected_tokens(drafts + 1).mean(dim=0).cpu()
         if self.expected_per_row is None:
             self.expected_per_row, self.typical_per_row = expected, expected
         else:
@@ -400,8 +415,7 @@ class SpecDecoder:
         s = self.stats
         s["verify_steps"] += 1
         s["budget_per_step"].append(budget)
-        if budget == 1:  # one token per row, nothing accepted: no need to read the verdict
-            s["tokens_per_step"][1] += verdict.counts.shape[0]
+        if budget == 1:  # one token per live row (counted in step), nothing accepted
             return
         s["tokens_per_step"].update(verdict.counts.tolist())
         if on_chain is not None:
