@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.rollout.engine import batch_bucket
+from specroll.rollout.engine import batch_bucket, span_bucket
 from specroll.spec import SpecConfig
 
 EOS_IDS = [1, 2, 3]
@@ -125,6 +125,17 @@ def test_compiled_step_generates_what_the_eager_step_does(model):
             assert x == pytest.approx(y, abs=1e-4)
         assert b.stats["compiles"] >= 1 and b.stats["compile_s"] > 0
     assert compiled.generate(PROMPTS, params).stats["compiles"] == 0, "a repeated call recompiles"
+
+
+def test_a_reused_cache_holds_the_span_bucket_of_every_call(model):
+    """A compiled step recompiles for a span that fills the cache (see cache_shape): a call whose
+    tokens fit the previous call's cache but whose span bucket would be that whole cache gets a
+    new one."""
+    engine = RolloutEngine(model)
+    slots = engine.cache_for(3, 69, 3).max_len
+    for max_len in (slots - 1, slots):
+        cache = engine.cache_for(3, max_len, 3)
+        assert span_bucket(max_len, cache.max_len) < cache.max_len
 
 
 def test_compiled_verify_forward_generates_what_the_eager_one_does(model):

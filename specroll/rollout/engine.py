@@ -205,10 +205,13 @@ class RolloutEngine:
         """An empty KV cache of at least `rows` x `max_len`, the previous call's when it fits."""
         p = next(self.model.parameters())
         cache = self.cache
-        if cache is None or cache.rows < rows or cache.max_len < max_len or cache.k[0].dtype != p.dtype \
+        rows, slots = cache_shape(rows, max_len)
+        # Fitting means holding the slots this call would allocate: a cache that holds `max_len`
+        # but not its span bucket lets a span fill it, and a compiled step recompiles for that.
+        if cache is None or cache.rows < rows or cache.max_len < slots or cache.k[0].dtype != p.dtype \
                 or cache.k[0].device != p.device:
             self.cache = cache = None  # free the old one before allocating
-            cache = KVCache.for_model(self.model, *cache_shape(rows, max_len))
+            cache = KVCache.for_model(self.model, rows, slots)
             if getattr(self.decoder, "compiled_on_cuda", False):
                 cache.mark_static()
             self.cache = cache
