@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
         prompts = prompts_all[:num_prompts]
         plain_t, spec_t, plain_tok, spec_tok = 0.0, 0.0, 0, 0
         per_step, oracle, budgets, draft_t, lookup_share = [], [], [], 0.0, []
+        compiles, compile_s = 0, 0.0  # graphs compiled inside timed runs (shapes the warm-up missed)
         for r in range(args.repeats):
             params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
                                     n=n, seed=args.seed + r)
@@ -146,9 +147,11 @@ def main(argv: list[str] | None = None) -> dict:
                 spec_engine.generate(prompts, params)
             out, wall = timed_generate(plain_engine, prompts, params, device)
             plain_t, plain_tok = plain_t + wall, plain_tok + out.stats["tokens"]
+            compiles, compile_s = compiles + out.stats.get("compiles", 0), compile_s + out.stats.get("compile_s", 0.0)
             bar.update()
             out, wall = timed_generate(spec_engine, prompts, params, device)
             spec_t, spec_tok = spec_t + wall, spec_tok + out.stats["tokens"]
+            compiles, compile_s = compiles + out.stats.get("compiles", 0), compile_s + out.stats.get("compile_s", 0.0)
             draft_t += out.stats["time_draft_s"]
             per_step.append(out.stats["tokens_per_step_mean"])
             lookup_share.append(out.stats["lookup_token_share"])
@@ -167,6 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
             "lookup_token_share": sum(lookup_share) / len(lookup_share),  # accepted drafts proposed by context lookup
             "budget_trace": budgets,
             "acceptance_by_depth": out.stats["acceptance_by_depth"],
+            "compiles_while_timed": compiles,
+            "compile_s_while_timed": compile_s,
         }
         rows.append(row)
         bar.write(f"{name} ({mode}): {row['speedup']:.2f}x, {row['tokens_per_step']:.2f} tokens/step")
@@ -185,6 +190,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{row['setting']:>16} {row['step']:>8} {row['plain_tokens_per_s']:11.1f} {row['spec_tokens_per_s']:10.1f} "
               f"{row['speedup']:6.2f} {row['tokens_per_step']:8.2f} {row['oracle_tokens_per_step']:7.2f} "
               f"{row['draft_share']:8.1%} {row['lookup_token_share']:6.0%}  {summary}")
+    for row in rows:
+        if row["compiles_while_timed"]:
+            print(f"warning: {row['setting']} ({row['step']}) compiled {row['compiles_while_timed']} graph(s) inside timed "
+                  f"runs ({row['compile_s_while_timed']:.0f} s): its ratio counts them")
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": spec_engine.decoder.capacity, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
