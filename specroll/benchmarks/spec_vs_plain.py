@@ -192,8 +192,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{row['draft_share']:8.1%} {row['lookup_token_share']:6.0%}  {summary}")
     for row in rows:
         if row["compiles_while_timed"]:
-            print(f"warning: {row['setting']} ({row['step']}) compiled {row['compiles_while_timed']} graph(s) inside timed "
-                  f"runs ({row['compile_s_while_timed']:.0f} s): its ratio counts them")
+            print(f"warning: {row['setting']} ({row['step']}) compiled {row['compiles_while_timed']} graph(s) "
+                  f"inside timed runs ({row['compile_s_while_timed']:.0f} s): its ratio counts them")
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": spec_engine.decoder.capacity, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
