@@ -88,8 +88,10 @@ class DecodeState:
 
 
 def span_bucket(need: int, max_len: int) -> int:
-    """`need` cache slots rounded up to a SPAN_BUCKET multiple, at most `max_len`."""
-    return min(-(-need // SPAN_BUCKET) * SPAN_BUCKET, max_len)
+    """`need` cache slots rounded up to a SPAN_BUCKET multiple, below `max_len`: a compiled step
+    recompiles for a span that fills the cache, and only finished rows, whose outputs are dropped,
+    can run past the last bucket (a tree accepted beyond a row's cap; see cache_shape)."""
+    return min(-(-need // SPAN_BUCKET) * SPAN_BUCKET, max_len - 1)
 
 
 def cache_shape(rows: int, need: int) -> tuple[int, int]:
@@ -205,13 +207,10 @@ class RolloutEngine:
         """An empty KV cache of at least `rows` x `max_len`, the previous call's when it fits."""
         p = next(self.model.parameters())
         cache = self.cache
-        rows, slots = cache_shape(rows, max_len)
-        # Fitting means holding the slots this call would allocate: a cache that holds `max_len`
-        # but not its span bucket lets a span fill it, and a compiled step recompiles for that.
-        if cache is None or cache.rows < rows or cache.max_len < slots or cache.k[0].dtype != p.dtype \
+        if cache is None or cache.rows < rows or cache.max_len < max_len or cache.k[0].dtype != p.dtype \
                 or cache.k[0].device != p.device:
             self.cache = cache = None  # free the old one before allocating
-            cache = KVCache.for_model(self.model, rows, slots)
+            cache = KVCache.for_model(self.model, *cache_shape(rows, max_len))
             if getattr(self.decoder, "compiled_on_cuda", False):
                 cache.mark_static()
             self.cache = cache
