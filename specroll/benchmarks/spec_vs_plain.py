@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
         plain_engine, spec_engine = engines[mode]
         prompts = prompts_all[:num_prompts]
         plain_t, spec_t, plain_tok, spec_tok = 0.0, 0.0, 0, 0
-        plain_prefill, spec_prefill = 0.0, 0.0  # the same forward in both, apart: its spread is noise
+        plain_prefill, spec_prefill = 0.0, 0.0  # kept apart for the ratio of decoding alone
         per_step, oracle, budgets, draft_t, lookup_share = [], [], [], 0.0, []
         timed = []  # every timed call's stats
         for r in range(args.repeats):
