@@ -90,6 +90,19 @@ def test_each_head_is_kept_or_rolled_back_on_its_own_held_out_records(drift):
     assert set(consolidator.optimizer.state) == set(consolidator.head_parameters(0))  # head 1's moments went back
 
 
+def test_updates_are_judged_on_the_same_held_out_responses_whatever_their_seed(drift):
+    """A response held out once stays held out: no update is judged on records an earlier one trained on."""
+    policy, heads = drift
+    _, telemetry, records = rollout(policy, heads)
+    consolidator = HeadConsolidator(heads, "every_step", DriftConfig(), ConsolidationConfig(lr=3e-3, steps=1))
+    consolidator.observe(telemetry, records, policy_version=0)
+    _, held_out = consolidator.replay.split(ConsolidationConfig().held_out_fraction)
+    for seed in range(4):
+        result = consolidator.update([0, 1], policy.lm_head.weight, policy.embed_tokens.weight, seed=seed)
+        assert result.held_out_records == len(held_out)
+        assert result.train_records == len(records) - len(held_out)
+
+
 def test_only_the_named_heads_change(drift):
     policy, heads = drift
     _, telemetry, records = rollout(policy, heads)

@@ -183,11 +183,13 @@ class HeadConsolidator:
                seed: int = 0) -> UpdateResult | None:
         """Train `heads_to_train` on the replayed records of the current policy (its `lm_head`,
         `embed`, frozen); keep each trained head only if its held-out records improve. None: no
-        records to train those heads on, or none held out."""
+        records to train those heads on, or none held out. `seed` draws the training batches; the
+        held-out responses stay the same across updates, so no update is judged on records an
+        earlier one trained on."""
         started = time.perf_counter()
         if len(self.replay) == 0:
             return None
-        train, held_out = self.replay.split(self.cfg.held_out_fraction, seed)
+        train, held_out = self.replay.split(self.cfg.held_out_fraction)
         trained = set(heads_to_train) & set(train.head.tolist())  # a head without records has nothing to learn
         if not trained or len(held_out) == 0:
             return None
