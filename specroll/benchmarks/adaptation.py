@@ -165,7 +165,8 @@ def build_arms(scenario: Scenario, args) -> list[Arm]:
     drift = DriftConfig(calibration_steps=args.calibration_steps, check_every=args.check_every,
                         min_records=args.min_records, consecutive=args.consecutive, z_threshold=args.z_threshold,
                         min_acceptance_drop=args.min_acceptance_drop, signal=args.drift_signal)
-    consolidation = ConsolidationConfig(lr=args.head_lr, steps=args.head_steps)
+    consolidation = ConsolidationConfig(lr=args.head_lr, steps=args.head_steps, replay_capacity=args.replay_capacity,
+                                        batch_records=args.batch_records)
     modes = args.modes + ([CEILING] if scenario.heads_b is not None else [])
     for mode in modes:
         heads = scenario.heads
@@ -182,7 +183,8 @@ def build_arms(scenario: Scenario, args) -> list[Arm]:
     return arms
 
 
-def run_arm(arm: Arm, model, prompts: list[list[int]], params: SamplingParams, round_index: int) -> dict:
+def run_arm(arm: Arm, model, prompts: list[list[int]], params: SamplingParams, round_index: int,
+            policy_version: int) -> dict:
     """One generate call, then (slow-path modes) the consolidation step a training run would take."""
     device = next(model.parameters()).device
     head_version = arm.engine.decoder.heads.version if arm.mode != VANILLA else None
@@ -198,18 +200,19 @@ def run_arm(arm: Arm, model, prompts: list[list[int]], params: SamplingParams, r
     if budgets:
         row["budget_mean"] = sum(budgets) / len(budgets)
     if arm.consolidator is not None:
-        row |= consolidate(arm, model, round_index)
+        row |= consolidate(arm, model, policy_version, seed=round_index)
     return row
 
 
-def consolidate(arm: Arm, model, policy_version: int) -> dict:
+def consolidate(arm: Arm, model, policy_version: int, seed: int) -> dict:
     """The slow path after a step: records to the consolidator, an update if it names heads,
-    committed heads to the decoder (from the next generate call on)."""
+    committed heads to the decoder (from the next generate call on). `policy_version` names the
+    policy the records came from (see `policy_version`)."""
     started = time.perf_counter()
     telemetry, records = arm.engine.decoder.pop_head_records()
     heads = arm.consolidator.observe(telemetry, records, policy_version=policy_version)
     result = arm.consolidator.update(heads, model.lm_head.weight, model.embed_tokens.weight,
-                                     seed=policy_version) if heads else None
+                                     seed=seed) if heads else None
     if result is not None and result.committed:
         # The decoder drafts in the policy's dtype; the consolidator keeps float32 heads to train.
         p = next(model.parameters())
@@ -221,6 +224,12 @@ def consolidate(arm: Arm, model, policy_version: int) -> dict:
                 "z": check.z.tolist(), "acceptance_drop": check.acceptance_drop.tolist(),
                 "degraded": check.degraded.tolist()},
             "detector_triggers": arm.consolidator.detector.triggers, "consolidation_s": time.perf_counter() - started}
+
+
+def policy_version(round_index: int, args) -> int:
+    """The version the records of a round are stamped with. The policy changes only at the drift:
+    B's records stay in the replay until it is full, and A's (A's targets) age out at the drift."""
+    return 0 if round_index < args.drift_at else ConsolidationConfig.max_policy_lag + 1
 
 
 def run_rounds(scenario: Scenario, arms: list[Arm], args) -> dict[str, list[dict]]:
@@ -235,7 +244,7 @@ def run_rounds(scenario: Scenario, arms: list[Arm], args) -> dict[str, list[dict
                                 n=args.n, seed=args.seed + r)
         shift = r % len(arms)
         for arm in arms[shift:] + arms[:shift]:  # rotated: load drifting within a round hits every arm alike
-            row = run_arm(arm, scenario.model, prompts, params, r)
+            row = run_arm(arm, scenario.model, prompts, params, r, policy_version(r, args))
             rounds[arm.mode].append(row | {"round": r, "policy": "A" if r < args.drift_at else "B",
                                            "prompt_indices": list(indices)})
         print(progress_line(r, len(scenario.rounds), rounds), flush=True)
@@ -427,6 +436,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="records from the accepted path or every verified node (spec.record_nodes)")
     ap.add_argument("--head-lr", type=float, default=1e-5, help="consolidation AdamW lr (design default 1e-5)")
     ap.add_argument("--head-steps", type=int, default=2, help="consolidation optimiser steps per update")
+    ap.add_argument("--replay-capacity", type=int, default=ConsolidationConfig.replay_capacity,
+                    help="consolidation: records kept for updates, newest first")
+    ap.add_argument("--batch-records", type=int, default=ConsolidationConfig.batch_records,
+                    help="consolidation: records per optimiser step")
     # run
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="auto")
