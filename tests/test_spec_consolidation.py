@@ -2,13 +2,15 @@
 from the policy its heads were trained for."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import HorizonHeads, SpecConfig
-from specroll.spec.consolidation import ConsolidationConfig, HeadConsolidator
+from specroll.spec.consolidation import ConsolidationConfig, HeadConsolidator, records_batch
 from specroll.spec.drift import DriftConfig
 from specroll.spec.head_samples import SampleConfig, collect_samples
 from specroll.spec.train_heads import HeadTrainConfig, train_heads
@@ -101,6 +103,31 @@ def test_updates_are_judged_on_the_same_held_out_responses_whatever_their_seed(d
         result = consolidator.update([0, 1], policy.lm_head.weight, policy.embed_tokens.weight, seed=seed)
         assert result.held_out_records == len(held_out)
         assert result.train_records == len(records) - len(held_out)
+
+
+def test_heads_with_a_draft_vocabulary_are_recorded_trained_and_judged_on_it(drift):
+    """Drafting proposes from the draft vocabulary alone: records take the policy's distribution
+    restricted to it, and the update trains q over it, as head pretraining does."""
+    policy, heads = drift
+    narrow = copy.deepcopy(heads)
+    vocab = torch.arange(0, 64, 2)  # odd tokens can never be drafted
+    narrow.set_draft_vocab(vocab)
+    _, telemetry, records = rollout(policy, narrow)
+    assert set(records.target_ids.flatten().tolist()) <= set(vocab.tolist())
+    assert set(records.proposal_ids.flatten().tolist()) <= set(vocab.tolist())
+    mass = records.target_logp.exp().sum(1) + records.target_tail.exp()
+    assert torch.allclose(mass, torch.ones_like(mass), atol=1e-4)  # renormalised over the draft vocabulary
+    # The batch indexes the draft LM head's rows; a realised odd token has no row (no NLL term).
+    batch = records_batch(records, 4, policy.embed_tokens.weight, "cpu", vocab)
+    j, rows = records.head.long(), torch.arange(len(records))
+    assert torch.equal(batch.top_idx[rows, j], records.target_ids.long() // 2)
+    odd = records.token % 2 == 1
+    assert odd.any() and (batch.token[rows, j][odd] == -1).all()
+    assert torch.equal(batch.token[rows, j][~odd], torch.where(records.token[~odd] >= 0, records.token[~odd] // 2, -1))
+    consolidator = HeadConsolidator(narrow, "every_step", DriftConfig(), ConsolidationConfig(lr=3e-3, steps=20))
+    consolidator.observe(telemetry, records, policy_version=0)
+    result = consolidator.update([0, 1], policy.lm_head.weight, policy.embed_tokens.weight)
+    assert result.committed and result.ce_after < result.ce_before
 
 
 def test_only_the_named_heads_change(drift):

@@ -1,6 +1,8 @@
 """What a speculative rollout hands the slow path: telemetry and a bounded sample of matured records."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import SpecConfig
 from specroll.spec.head_records import sketch_tv_and_nll
+from specroll.spec.heads import draft_log_probs
 from specroll.spec.maturation import Proposal, node_paths, tree_proposals
 from specroll.spec.tree import DraftTree
 from specroll.spec.verify import Verdict
@@ -63,6 +66,15 @@ def test_sketch_tv_and_nll_by_hand():
     torch.testing.assert_close(nll, -torch.tensor([0.3]).log())
     _, nll = sketch_tv_and_nll(target_logp, target_ids, head_logp, head_ids, torch.tensor([5]), torch.tensor([0.1]).log())
     torch.testing.assert_close(nll, -torch.tensor([0.1]).log())  # outside the sketch: the tail's mass
+
+
+def test_draft_log_probs_by_hand():
+    """The policy's distribution as heads with a draft vocabulary see it: renormalised over it."""
+    logits = torch.tensor([[0.0, math.log(3.0), 5.0, math.log(1.0)],
+                           [0.0, float("-inf"), 5.0, float("-inf")]])  # row 2: top-k cut the vocabulary
+    p = draft_log_probs(logits, torch.tensor([1, 3])).exp()
+    assert torch.allclose(p, torch.tensor([[0.0, 0.75, 0.0, 0.25], [0.0, 0.0, 0.0, 0.0]]))
+    assert torch.allclose(draft_log_probs(logits[:1], None), torch.log_softmax(logits[:1], dim=-1))
 
 
 def test_tree_records_add_the_verified_nodes_off_the_path(model):

@@ -88,9 +88,25 @@ class UpdateResult:
         return bool(self.kept)
 
 
-def records_batch(records: MaturedRecords, num_heads: int, embed: torch.Tensor, device) -> HeadBatch:
-    """The records as a `HeadBatch`: record i gives head `records.head[i]` its target, no other."""
+def records_batch(records: MaturedRecords, num_heads: int, embed: torch.Tensor, device,
+                  draft_vocab: torch.Tensor | None = None) -> HeadBatch:
+    """The records as a `HeadBatch`: record i gives head `records.head[i]` its target, no other.
+    With a draft vocabulary the ids become rows of the draft LM head (`HorizonHeads.draft_lm_head`),
+    and a token outside it becomes -1 (no NLL term), as in head pretraining."""
     n, head = len(records), records.head.long().to(device)
+    row_of = None
+    if draft_vocab is not None:
+        row_of = torch.full((embed.shape[0],), -1, dtype=torch.long, device=device)  # token id -> draft LM-head row
+        row_of[draft_vocab.to(device)] = torch.arange(draft_vocab.numel(), device=device)
+
+    def rows_of(ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.long().to(device)
+        return ids if row_of is None else torch.where(ids >= 0, row_of[ids.clamp(min=0)], -1)
+
+    target_ids = rows_of(records.target_ids)
+    if (target_ids < 0).any():
+        raise ValueError("records hold target tokens outside the heads' draft vocabulary: they were not "
+                         "recorded by a decoder drafting with these heads")
     rows = torch.arange(n, device=device)
     valid = torch.zeros(n, num_heads, dtype=torch.bool, device=device)
     valid[rows, head] = True
@@ -100,11 +116,11 @@ def records_batch(records: MaturedRecords, num_heads: int, embed: torch.Tensor, 
         out[rows, head] = x.to(device)
         return out
 
-    proximal = SparseDistribution(at_head(records.proposal_logp.float()), at_head(records.proposal_ids.long()),
+    proximal = SparseDistribution(at_head(records.proposal_logp.float()), at_head(rows_of(records.proposal_ids)),
                                   at_head(records.proposal_tail.float()))
     return HeadBatch(records.hidden.to(device).float(), embed[records.path_tokens.long().to(device)], valid,
-                     at_head(records.target_logp.float()), at_head(records.target_ids.long()),
-                     at_head(records.target_tail.float()), at_head(records.token.long()), proximal)
+                     at_head(records.target_logp.float()), at_head(target_ids),
+                     at_head(records.target_tail.float()), at_head(rows_of(records.token)), proximal)
 
 
 @dataclass(frozen=True)
@@ -127,7 +143,8 @@ class HeadFit:
 @torch.no_grad()
 def held_out_fit(heads: HorizonHeads, lm_head: torch.Tensor, batch: HeadBatch, chunk: int = 512) -> list[HeadFit]:
     """Per head: cross-entropy and TV of the head against the policy over its records in the
-    batch, coarsened to each target's top tokens + one tail bucket."""
+    batch, coarsened to each target's top tokens + one tail bucket. `lm_head`: the rows the
+    batch's ids index (the draft LM head, see `records_batch`)."""
     states = head_states(heads, batch)
     fits = []
     for j in range(heads.num_heads):
@@ -195,9 +212,11 @@ class HeadConsolidator:
             return None
         device = lm_head.device
         self.heads.to(device)
-        lm_head, embed = lm_head.detach().float(), embed.detach().float()
-        train_batch = records_batch(train, self.heads.num_heads, embed, device)
-        held_batch = records_batch(held_out, self.heads.num_heads, embed, device)
+        # The heads learn what drafting uses: q over the draft vocabulary, as in pretraining.
+        lm_head, embed = self.heads.draft_lm_head(lm_head.detach().float()), embed.detach().float()
+        vocab = self.heads.draft_vocab
+        train_batch = records_batch(train, self.heads.num_heads, embed, device, vocab)
+        held_batch = records_batch(held_out, self.heads.num_heads, embed, device, vocab)
         before = held_out_fit(self.heads, lm_head, held_batch)
         saved = {p: (p.detach().clone(), copy.deepcopy(self.optimizer.state.get(p)))
                  for k in trained for p in self.head_parameters(k)}

@@ -251,7 +251,7 @@ class SpecDecoder:
             started = time.perf_counter()
             self.records.add_pass(matured, logits, verdict, tree, hidden, roots,
                                   state.history.lengths - state.prompt_lengths, state.row_ids, self.heads.version,
-                                  proposals=cands.proposals)
+                                  proposals=cands.proposals, draft_vocab=self.heads.draft_vocab)
             self.stats["time_records_s"] += time.perf_counter() - started
         self.stats["time_draft_s"] += t1 - t0
         self.stats["time_verify_s"] += t2 - t1
@@ -308,7 +308,7 @@ class SpecDecoder:
         started = time.perf_counter()
         fast, cfg = self.fast_state(state), self.reflex
         if matured is not None:
-            feedback = matured_feedback(matured, logprobs, self.model.lm_head.weight, cfg)
+            feedback = matured_feedback(matured, logprobs, self.model.lm_head.weight, cfg, self.heads.draft_vocab)
         else:
             feedback = FastState.no_feedback(verdict.counts.shape[0], self.model.config.hidden_size, verdict.counts.device)
         resets = fast.resets

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from .drift import HeadTelemetry, depth_bucket, merge_telemetry
+from .heads import draft_log_probs
 from .maturation import MaturedProposals, Proposal, node_paths, tree_proposals
 from .replay import MaturedRecords, cat_records
 
@@ -46,10 +47,14 @@ def sketch_tv_and_nll(target_logp: torch.Tensor, target_ids: torch.Tensor, head_
     return tv, nll
 
 
-def target_top(logits: torch.Tensor, matured: MaturedProposals) -> tuple[torch.Tensor, torch.Tensor]:
-    """The policy's top-K log-probs and ids [R, K] at each record's node (logits [B, 1+M, V])."""
-    target = torch.log_softmax(logits[matured.row, matured.node].float(), dim=-1)
-    return target.topk(min(TARGET_TOP_K, target.shape[-1]), dim=-1)
+def target_top(logits: torch.Tensor, matured: MaturedProposals,
+               draft_vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The policy's top-K log-probs and token ids [R, K] at each record's node (logits [B, 1+M, V]).
+    Heads with a draft vocabulary draft among its tokens alone and were trained on the policy's
+    distribution restricted to them and renormalised: their records are too."""
+    target = draft_log_probs(logits[matured.row, matured.node], draft_vocab)
+    size = target.shape[-1] if draft_vocab is None else draft_vocab.numel()
+    return target.topk(min(TARGET_TOP_K, size), dim=-1)
 
 
 class RecordCollector:
@@ -71,18 +76,20 @@ class RecordCollector:
 
     def add_pass(self, matured: MaturedProposals, logits: torch.Tensor, verdict, tree, hidden: torch.Tensor,
                  roots: torch.Tensor, generated: torch.Tensor, responses: torch.Tensor, head_version: int,
-                 gates: torch.Tensor | None = None, proposals: list[Proposal] | None = None) -> None:
+                 gates: torch.Tensor | None = None, proposals: list[Proposal] | None = None,
+                 draft_vocab: torch.Tensor | None = None) -> None:
         """One verify pass: logits [B, 1+M, V] of the policy, hidden [B, D] h_t, roots [B],
         generated [B] tokens each response had before this pass, responses [B] each row's index in
         the generate call's output; gates [R] Reflex's (None: 0);
-        proposals: the heads' sketches of the pass (needed when `record_nodes` is "tree")."""
+        proposals: the heads' sketches of the pass (needed when `record_nodes` is "tree");
+        draft_vocab: the token ids the heads draft among (None: all)."""
         buckets = len(self.edges) + 1
         bucket_of_row = depth_bucket(generated, self.edges)
         self.telemetry.append(self.trials(verdict, tree, bucket_of_row))
         if not len(matured.row):
             return
         r, j = matured.row, matured.depth
-        target_logp, target_ids = target_top(logits, matured)
+        target_logp, target_ids = target_top(logits, matured, draft_vocab)
         token = verdict.tokens[r, j]
         head_tail = log_tail(matured.head_logp)
         tv, nll = sketch_tv_and_nll(target_logp, target_ids, matured.head_logp, matured.head_ids, token, head_tail)
@@ -93,7 +100,7 @@ class RecordCollector:
                 raise ValueError("record_nodes='tree' needs the pass's proposals")
             matured, on_path = tree_proposals(proposals, tree, verdict)
             r, j = matured.row, matured.depth
-            target_logp, target_ids = target_top(logits, matured)
+            target_logp, target_ids = target_top(logits, matured, draft_vocab)
             token = torch.where(on_path, verdict.tokens[r, j.clamp(max=verdict.tokens.shape[1] - 1)], -1)
             head_tail = log_tail(matured.head_logp)
             path = node_paths(tree, roots, self.num_heads)[r, matured.node]

@@ -43,6 +43,18 @@ def model_fingerprint(model_config) -> str:
     return f"{c.model_type}-L{c.num_layers}-D{c.hidden_size}-V{c.vocab_size}"
 
 
+def draft_log_probs(logits: torch.Tensor, draft_vocab: torch.Tensor | None) -> torch.Tensor:
+    """Log-probs over the last dimension restricted to the draft vocabulary and renormalised
+    (-inf elsewhere; all tokens when None): the distribution heads with that vocabulary are
+    trained to draft, and the one their drafts are judged against. Takes logits or log-probs; a
+    row with no mass left on the vocabulary (top-k or top-p cut all of it) is -inf throughout."""
+    logits = logits.float()
+    if draft_vocab is None:
+        return torch.log_softmax(logits, dim=-1)
+    logits = torch.full_like(logits, float("-inf")).index_copy(-1, draft_vocab, logits.index_select(-1, draft_vocab))
+    return torch.log_softmax(logits, dim=-1).nan_to_num(nan=float("-inf"))
+
+
 @dataclass
 class HeadsMeta:
     head_type: str

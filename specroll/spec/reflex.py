@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .heads import draft_log_probs
 from .maturation import MaturedProposals
 
 REFLEX_MODES = ("paper", "code")
@@ -222,15 +223,16 @@ class SafetyGuard:
 
 
 def matured_feedback(matured: MaturedProposals, target_logp: torch.Tensor, lm_head: torch.Tensor,
-                     cfg: ReflexConfig) -> Feedback:
-    """The records that matured in one verify pass (`target_logp` [B, 1+M, V] from it), reduced per row."""
+                     cfg: ReflexConfig, draft_vocab: torch.Tensor | None = None) -> Feedback:
+    """The records that matured in one verify pass (`target_logp` [B, 1+M, V] from it), reduced per
+    row. Heads with a draft vocabulary are judged against the target restricted to it."""
     batch, device = target_logp.shape[0], target_logp.device
     direction = torch.zeros(batch, lm_head.shape[1], device=device)
     gate_mass, records, tv_sum = (torch.zeros(batch, device=device) for _ in range(3))
     if len(matured.row):
         coverage = cfg.coverage_weight if cfg.mode == "paper" else 0.0
         r = matured.row
-        error, tv = record_errors(target_logp[r, matured.node], matured.head_logp, matured.head_ids, matured.children,
+        error, tv = record_errors(draft_log_probs(target_logp[r, matured.node], draft_vocab), matured.head_logp, matured.head_ids, matured.children,
                                   lm_head, cfg.sketch_size, coverage)
         gate = record_gate(tv, matured.depth + 1, cfg)
         direction.index_add_(0, r, gate[:, None] * error)
