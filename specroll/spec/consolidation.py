@@ -4,8 +4,8 @@ Rollout actors send each step's head telemetry and a sample of matured records. 
 consolidator keeps the records (bounded, older policy versions aged out), runs the drift
 detector on the telemetry, and when it names degraded heads (or after every step, in
 `every_step` mode) trains those heads alone for a few steps on the shared head loss with a
-proximal term toward the heads that drafted. The policy (backbone, embeddings, LM head) stays
-frozen. Each trained head is kept only if its own held-out records say it helped (cross-entropy
+proximal term toward the heads that drafted, over their draft vocabulary as in pretraining. The
+policy (backbone, embeddings, LM head) stays frozen. Each trained head is kept only if its own held-out records say it helped (cross-entropy
 not above `commit_ce_ratio` x before and TV lower); otherwise that head's parameters and
 optimiser state go back. (Judged over all heads' records together, head 0's many records hid
 deeper heads that an update made worse.)
