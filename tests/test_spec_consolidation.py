@@ -10,7 +10,7 @@ import torch
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import HorizonHeads, SpecConfig
-from specroll.spec.consolidation import ConsolidationConfig, HeadConsolidator, records_batch
+from specroll.spec.consolidation import ConsolidationConfig, HeadConsolidator, held_out_fit, records_batch
 from specroll.spec.drift import DriftConfig
 from specroll.spec.head_samples import SampleConfig, collect_samples
 from specroll.spec.train_heads import HeadTrainConfig, train_heads
@@ -124,6 +124,13 @@ def test_heads_with_a_draft_vocabulary_are_recorded_trained_and_judged_on_it(dri
     odd = records.token % 2 == 1
     assert odd.any() and (batch.token[rows, j][odd] == -1).all()
     assert torch.equal(batch.token[rows, j][~odd], torch.where(records.token[~odd] >= 0, records.token[~odd] // 2, -1))
+    # The commit test's first-guess acceptance: p of the head's most likely draft, here head 0's by hand.
+    fits = held_out_fit(narrow, narrow.draft_lm_head(policy.lm_head.weight), batch)
+    zero = records.head == 0
+    states = narrow.all_states(records.hidden[zero].float(), policy.embed_tokens.weight[records.path_tokens[zero].long()])
+    guess = vocab[(states[:, 0] @ policy.lm_head.weight[vocab].T).argmax(1)]
+    p_guess = (records.target_logp[zero].exp() * (records.target_ids[zero] == guess[:, None])).sum(1)
+    assert fits[0].records == int(zero.sum()) and fits[0].first_guess == pytest.approx(float(p_guess.mean()), abs=1e-5)
     consolidator = HeadConsolidator(narrow, "every_step", DriftConfig(), ConsolidationConfig(lr=3e-3, steps=20))
     consolidator.observe(telemetry, records, policy_version=0)
     result = consolidator.update([0, 1], policy.lm_head.weight, policy.embed_tokens.weight)
@@ -133,7 +140,7 @@ def test_heads_with_a_draft_vocabulary_are_recorded_trained_and_judged_on_it(dri
 def test_only_the_named_heads_change(drift):
     policy, heads = drift
     _, telemetry, records = rollout(policy, heads)
-    consolidator = HeadConsolidator(heads, "every_step", DriftConfig(), ConsolidationConfig(lr=3e-3, steps=5))
+    consolidator = HeadConsolidator(heads, "every_step", DriftConfig(), ConsolidationConfig(lr=3e-3, steps=20))
     consolidator.observe(telemetry, records, policy_version=0)
     before = {k: v.clone() for k, v in consolidator.heads.state_dict().items()}
     assert set(records.head.tolist()) == {0, 1}  # drafts this poor rarely mature deeper

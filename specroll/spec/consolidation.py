@@ -5,10 +5,11 @@ consolidator keeps the records (bounded, older policy versions aged out), runs t
 detector on the telemetry, and when it names degraded heads (or after every step, in
 `every_step` mode) trains those heads alone for a few steps on the shared head loss with a
 proximal term toward the heads that drafted, over their draft vocabulary as in pretraining. The
-policy (backbone, embeddings, LM head) stays frozen. Each trained head is kept only if its own held-out records say it helped (cross-entropy
-not above `commit_ce_ratio` x before and TV lower); otherwise that head's parameters and
-optimiser state go back. (Judged over all heads' records together, head 0's many records hid
-deeper heads that an update made worse.)
+policy (backbone, embeddings, LM head) stays frozen. Each trained head is kept only if its own
+held-out records say it helped (cross-entropy not above `commit_ce_ratio` x before, TV lower, and
+the policy's probability of the head's first guess not lower: fit alone let deep heads'
+acceptance fall); otherwise that head's parameters and optimiser state go back. (Judged over all
+heads' records together, head 0's many records hid deeper heads that an update made worse.)
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class ConsolidationConfig:
     nll_weight: float = 0.3  # weight of the realised token's NLL
     proximal_weight: float = 0.1  # weight of KL(q_old || q) toward the heads that drafted
     head_decay: float = 0.8  # per-head weight decay^(k-1)
-    commit_ce_ratio: float = 1.01  # keep an update only if held-out CE <= this x before (and TV falls)
+    commit_ce_ratio: float = 1.01  # keep an update only if held-out CE <= this x before (TV lower, first-guess acceptance no lower)
     wait: bool = False  # the driver waits for an update before the next rollout (else it overlaps the learner)
 
     def __post_init__(self) -> None:
@@ -125,10 +126,12 @@ def records_batch(records: MaturedRecords, num_heads: int, embed: torch.Tensor, 
 
 @dataclass(frozen=True)
 class HeadFit:
-    """Sums over one head's held-out records of its cross-entropy and TV to the policy."""
+    """Sums over one head's held-out records of its cross-entropy and TV to the policy, and of
+    the policy's probability of the head's first guess (a one-child draft's acceptance)."""
 
     ce_sum: float
     tv_sum: float
+    first_guess_sum: float
     records: int
 
     @property
@@ -139,6 +142,10 @@ class HeadFit:
     def tv(self) -> float:
         return self.tv_sum / max(self.records, 1)
 
+    @property
+    def first_guess(self) -> float:
+        return self.first_guess_sum / max(self.records, 1)
+
 
 @torch.no_grad()
 def held_out_fit(heads: HorizonHeads, lm_head: torch.Tensor, batch: HeadBatch, chunk: int = 512) -> list[HeadFit]:
@@ -148,7 +155,7 @@ def held_out_fit(heads: HorizonHeads, lm_head: torch.Tensor, batch: HeadBatch, c
     states = head_states(heads, batch)
     fits = []
     for j in range(heads.num_heads):
-        ce_sum, tv_sum = 0.0, 0.0
+        ce_sum, tv_sum, first_guess_sum = 0.0, 0.0, 0.0
         rows = batch.valid[:, j].nonzero()[:, 0]
         for c in range(0, rows.numel(), chunk):
             r = rows[c : c + chunk]
@@ -158,13 +165,16 @@ def held_out_fit(heads: HorizonHeads, lm_head: torch.Tensor, batch: HeadBatch, c
             p_top, p_tail = batch.top_logp[r, j].exp(), batch.tail_logp[r, j].exp()
             ce_sum += float(-(p_top * logq_top).sum() - (p_tail * q_tail.log()).sum())
             tv_sum += float(0.5 * ((p_top - logq_top.exp()).abs().sum(1) + (p_tail - q_tail).abs()).sum())
-        fits.append(HeadFit(ce_sum, tv_sum, rows.numel()))
+            guess = logq.argmax(dim=1, keepdim=True)  # outside p's top tokens it counts 0: a lower bound
+            first_guess_sum += float((p_top * (batch.top_idx[r, j] == guess)).sum())
+        fits.append(HeadFit(ce_sum, tv_sum, first_guess_sum, rows.numel()))
     return fits
 
 
 def pooled(fits: list[HeadFit]) -> HeadFit:
     """The fits of several heads as one, weighted by their records."""
-    return HeadFit(sum(f.ce_sum for f in fits), sum(f.tv_sum for f in fits), sum(f.records for f in fits))
+    return HeadFit(sum(f.ce_sum for f in fits), sum(f.tv_sum for f in fits), sum(f.first_guess_sum for f in fits),
+                   sum(f.records for f in fits))
 
 
 class HeadConsolidator:
@@ -236,7 +246,7 @@ class HeadConsolidator:
         self.heads.eval()
         after = held_out_fit(self.heads, lm_head, held_batch)
         kept = tuple(k for k in sorted(trained) if after[k].records and after[k].ce <= self.cfg.commit_ce_ratio
-                     * before[k].ce and after[k].tv < before[k].tv)
+                     * before[k].ce and after[k].tv < before[k].tv and after[k].first_guess >= before[k].first_guess)
         for k in trained - set(kept):
             self.roll_back(k, saved)
         if kept:
