@@ -41,7 +41,7 @@ class ConsolidationConfig:
     nll_weight: float = 0.3  # weight of the realised token's NLL
     proximal_weight: float = 0.1  # weight of KL(q_old || q) toward the heads that drafted
     head_decay: float = 0.8  # per-head weight decay^(k-1)
-    commit_ce_ratio: float = 1.01  # keep a head only if held-out CE <= this x before (and TV, first guess better)
+    commit_ce_ratio: float = 1.01  # keep a head only if held-out CE <= this x before (TV lower, first guess no lower)
     wait: bool = False  # the driver waits for an update before the next rollout (else it overlaps the learner)
 
     def __post_init__(self) -> None:
