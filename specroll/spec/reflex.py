@@ -232,8 +232,9 @@ def matured_feedback(matured: MaturedProposals, target_logp: torch.Tensor, lm_he
     if len(matured.row):
         coverage = cfg.coverage_weight if cfg.mode == "paper" else 0.0
         r = matured.row
-        error, tv = record_errors(draft_log_probs(target_logp[r, matured.node], draft_vocab), matured.head_logp, matured.head_ids, matured.children,
-                                  lm_head, cfg.sketch_size, coverage)
+        target = draft_log_probs(target_logp[r, matured.node], draft_vocab)
+        error, tv = record_errors(target, matured.head_logp, matured.head_ids, matured.children, lm_head,
+                                  cfg.sketch_size, coverage)
         gate = record_gate(tv, matured.depth + 1, cfg)
         direction.index_add_(0, r, gate[:, None] * error)
         gate_mass.index_add_(0, r, gate)
