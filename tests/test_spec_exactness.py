@@ -10,6 +10,7 @@ acceptance rules with subtle biases (negative controls) must fail the same tests
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -85,8 +86,12 @@ SETTINGS = {
     # Rows finish at EOS, so the budget grows from 4 nodes to 16 as concurrency falls.
     "t1-path-trained-concurrency": Setting(dict(temperature=1.0), "path-trained", dict(budget="concurrency", capacity=18000),
                                            min_deep_share=0.07),
+    # Reflex here judges drafts against the target restricted to the heads' 5-token draft vocabulary.
     "topk3-vocab5-lookup-first-cost-model": Setting(dict(temperature=1.0, top_k=3), "path-trained-vocab5",
-                                                    dict(budget="cost_model", min_gain=0.0), lookup="first", n=600,
+                                                    dict(budget="cost_model", min_gain=0.0, adaptation="reflex",
+                                                         reflex=ReflexConfig(mode="paper", scale=100.0,
+                                                                             reliability_threshold=-1.0)),
+                                                    lookup="first", n=600,
                                                     # Its trees follow measured timings, so machine load moves this share (2-5%).
                                                     min_deep_share=0.01),
     "t12-topp095-medusa-trained-fixed8": Setting(dict(temperature=1.2, top_p=0.95), "medusa-trained",
@@ -183,6 +188,8 @@ def test_reflex_changed_the_drafts(rollouts):
     assert reflex.stats["reflex_on_share"] > 0.5
     assert reflex.stats["tokens_per_step_hist"] != static.stats["tokens_per_step_hist"]
     assert rollouts("t1-medusa-trained-fixed8-reflex-paper")[0].stats["reflex_on_share"] > 0.5
+    vocab5 = rollouts("topk3-vocab5-lookup-first-cost-model")[0].stats  # heads with a draft vocabulary
+    assert vocab5["reflex_records"] > 0 and math.isfinite(vocab5["reflex_state_rms"])
 
 
 def test_tokens_follow_the_policy_across_a_head_update(model, oracle, heads):
