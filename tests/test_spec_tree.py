@@ -1,6 +1,8 @@
 """Draft trees and the tree-attention pass on a tiny model (SPECROLL.md sections 3-4)."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -369,6 +371,23 @@ def test_estimates_of_larger_trees_follow_the_largest_drafted_one():
     average = torch.tensor([1.0, 1.5, 1.8, 2.0])
     assert torch.allclose(blend(average, torch.tensor([1.0, 1.7]), 0.5), torch.tensor([1.0, 1.6, 1.9, 2.1]))
     assert torch.allclose(blend(average, torch.tensor([1.0, 1.1, 1.2, 1.4]), 0.5), torch.tensor([1.0, 1.3, 1.5, 1.7]))
+
+
+def test_a_later_version_of_the_heads_keeps_the_drafting_estimates(model):
+    """A slow-path update swaps in a close variant of the heads: how well they draft need not be
+    learned again (restarting the calibration cost every update a round of uncalibrated trees)."""
+    engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="fixed", fixed_nodes=4))
+    decoder, heads = engine.decoder, random_heads(model, "path")
+    decoder.set_heads(heads)
+    engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=20))
+    observed, predicted = decoder.observed.clone(), decoder.predicted.clone()
+    assert not torch.equal(observed, torch.ones(3))  # calibrated by the verify passes
+    update = copy.deepcopy(heads)
+    update.version = heads.version + 1
+    decoder.set_heads(update)
+    assert decoder.heads is update and torch.equal(decoder.observed, observed) and torch.equal(decoder.predicted, predicted)
+    decoder.set_heads(random_heads(model, "path", seed=1))  # other heads (version 0) start afresh
+    assert torch.equal(decoder.observed, torch.ones(3)) and torch.equal(decoder.predicted, torch.ones(3))
 
 
 def cost_model_engine(model, tmp_path, monkeypatch, latency_s) -> tuple[RolloutEngine, list[int]]:

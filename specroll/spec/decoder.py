@@ -78,6 +78,7 @@ class SpecDecoder:
         # The acceptance rule; exactness tests swap in a deliberately biased one as a negative control.
         self.verify = verify_tree
         self.max_tokens_per_step = cfg.max_nodes
+        self.heads: HorizonHeads | None = None
         self.set_heads(heads if heads is not None else initial_heads(model, cfg))
         self.profile = None
         self.budget = resolve_budget(cfg.budget, next(model.parameters()).device.type)
@@ -127,8 +128,13 @@ class SpecDecoder:
                 self.profiled_pass(ids, cache, mask)
 
     def set_heads(self, heads: HorizonHeads) -> None:
-        """Use `heads` from the next step on (call between generate calls) and recalibrate."""
+        """Use `heads` from the next step on (call between generate calls). A later version of the
+        heads drafting now (a slow-path update) keeps the running estimates of how well they
+        draft, which a small update barely moves; other heads start them afresh."""
+        updated = self.heads is not None and heads.num_heads == self.heads.num_heads and heads.version > self.heads.version
         self.heads = heads.eval().use_prepacked_linears()
+        if updated:
+            return
         device = next(self.model.parameters()).device
         # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
         self.observed = torch.ones(heads.num_heads, device=device)
