@@ -164,7 +164,8 @@ def build_arms(scenario: Scenario, args) -> list[Arm]:
     arms = [Arm(VANILLA, RolloutEngine(scenario.model))]
     drift = DriftConfig(calibration_steps=args.calibration_steps, check_every=args.check_every,
                         min_records=args.min_records, consecutive=args.consecutive, z_threshold=args.z_threshold,
-                        min_acceptance_drop=args.min_acceptance_drop, signal=args.drift_signal)
+                        min_acceptance_drop=args.min_acceptance_drop, signal=args.drift_signal,
+                        cooldown_steps=args.cooldown_steps, max_heads_per_event=args.max_heads_per_event)
     consolidation = ConsolidationConfig(lr=args.head_lr, steps=args.head_steps, replay_capacity=args.replay_capacity,
                                         batch_records=args.batch_records)
     modes = args.modes + ([CEILING] if scenario.heads_b is not None else [])
@@ -425,6 +426,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     # this keeps its window until it has enough, so head 2 is checked every other round.
     ap.add_argument("--min-records", type=int, default=32, help="detector: matured records a head needs to be checked")
     ap.add_argument("--consecutive", type=int, default=2, help="detector: degraded checks in a row that trigger")
+    # The design's 50 steps at checks every 20 lets the next trigger come 4 checks after one: so do 2 rounds.
+    ap.add_argument("--cooldown-steps", type=int, default=2, help="detector: rounds after a trigger with no trigger")
+    ap.add_argument("--max-heads-per-event", type=int, default=DriftConfig.max_heads_per_event,
+                    help="detector: heads one triggered update trains (the degraded ones with the largest z)")
     ap.add_argument("--z-threshold", type=float, default=DriftConfig.z_threshold,
                     help="detector: z (of --drift-signal) above which a head may be degraded (0: at least its baseline)")
     ap.add_argument("--min-acceptance-drop", type=float, default=DriftConfig.min_acceptance_drop,
