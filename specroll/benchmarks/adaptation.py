@@ -16,7 +16,7 @@ differ, so a difference between modes means something only beyond the printed st
 
     python -m specroll.benchmarks.adaptation [--quick] [--policy-a smollm2-135m-instruct --heads shipped]
         [--policy-b ~/.cache/specroll/sft/gsm8k800] [--modes static reflex slow both every_step]
-        [--rounds 12 --drift-at 4] [--head-lr 1e-5 --head-steps 2] [--heads-b FILE] [--threads 1]
+        [--rounds 12 --drift-at 4] [--head-lr 3e-4 --head-steps 30] [--heads-b FILE] [--threads 1]
         [--json out.json] [--plot out.png]
 
 The reverse drift (heads trained for the SFT'd policy drafting for the instruct one):
@@ -439,8 +439,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--records-per-rollout", type=int, default=512, help="record sample a generate call sends")
     ap.add_argument("--record-nodes", default="path", choices=RECORD_NODES,
                     help="records from the accepted path or every verified node (spec.record_nodes)")
-    ap.add_argument("--head-lr", type=float, default=1e-5, help="consolidation AdamW lr (design default 1e-5)")
-    ap.add_argument("--head-steps", type=int, default=2, help="consolidation optimiser steps per update")
+    ap.add_argument("--head-lr", type=float, default=ConsolidationConfig.lr, help="consolidation AdamW lr")
+    ap.add_argument("--head-steps", type=int, default=ConsolidationConfig.steps, help="consolidation optimiser steps per update")
     ap.add_argument("--replay-capacity", type=int, default=ConsolidationConfig.replay_capacity,
                     help="consolidation: records kept for updates, newest first")
     ap.add_argument("--batch-records", type=int, default=ConsolidationConfig.batch_records,
