@@ -436,7 +436,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="detector: acceptance drop from the baseline a degraded head also needs")
     ap.add_argument("--drift-signal", default=DriftConfig.signal, choices=DRIFT_SIGNALS,
                     help="detector: the z a degraded head needs, of TV or of the acceptance drop")
-    ap.add_argument("--records-per-rollout", type=int, default=512, help="record sample a generate call sends")
+    ap.add_argument("--records-per-rollout", type=int, default=SpecConfig.records_per_rollout, help="record sample a generate call sends")
     ap.add_argument("--record-nodes", default="path", choices=RECORD_NODES,
                     help="records from the accepted path or every verified node (spec.record_nodes)")
     ap.add_argument("--head-lr", type=float, default=ConsolidationConfig.lr, help="consolidation AdamW lr")

@@ -30,7 +30,7 @@ from .replay import MaturedRecords, ReplayMemory
 class ConsolidationConfig:
     """Head-only updates (mirrored by `rollout.spec.consolidation` in conf/rollout/specroll.yaml)."""
 
-    replay_capacity: int = 4096  # records kept for updates, newest first
+    replay_capacity: int = 32768  # records kept for updates, newest first
     max_policy_lag: int = 2  # records sampled by a policy this many versions older than the newest age out
     held_out_fraction: float = 0.1  # records kept apart to judge an update
     # The design's lr 1e-5 x 2 steps left drifted heads where they were (docs/benchmarks.md).
