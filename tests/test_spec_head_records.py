@@ -9,9 +9,9 @@ import torch
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import SpecConfig
-from specroll.spec.head_records import sketch_tv_and_nll
+from specroll.spec.head_records import sketch_tv_and_nll, target_top
 from specroll.spec.heads import draft_log_probs
-from specroll.spec.maturation import Proposal, node_paths, tree_proposals
+from specroll.spec.maturation import MaturedProposals, Proposal, node_paths, tree_proposals
 from specroll.spec.tree import DraftTree
 from specroll.spec.verify import Verdict
 
@@ -116,3 +116,19 @@ def test_tree_proposals_and_node_paths_by_hand():
     assert on_path.tolist() == [True, False, True, False]
     assert matured.children.tolist() == [[11, 12, -1], [-1, -1, 13], [-1, -1, -1], [-1, -1, -1]]
     assert node_paths(tree, torch.tensor([10]), 3).tolist() == [[[10, 0, 0], [10, 11, 0], [10, 12, 0], [10, 11, 13]]]
+
+
+def test_targets_over_a_draft_vocabulary_are_its_columns_renormalised():
+    """A record's target is the policy restricted to the draft vocabulary (any order of ids),
+    computed on those columns alone: the same top tokens and log-probs as over the full row."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 4, 64, generator=g) * 3
+    vocab = torch.randperm(64, generator=g)[:40]  # not sorted
+    row, node = torch.tensor([0, 1, 2, 2]), torch.tensor([0, 3, 1, 2])
+    matured = MaturedProposals(row=row, node=node, depth=torch.zeros(4, dtype=torch.long),
+                               head_logp=torch.zeros(4, 1), head_ids=torch.zeros(4, 1, dtype=torch.long),
+                               children=torch.full((4, 1), -1))
+    logp, ids = target_top(logits, matured, vocab)
+    reference_logp, reference_ids = draft_log_probs(logits[row, node], vocab).topk(32, dim=-1)
+    assert torch.allclose(logp, reference_logp, atol=1e-6) and torch.equal(ids, reference_ids)
+    assert set(ids.flatten().tolist()) <= set(vocab.tolist())

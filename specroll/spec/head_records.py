@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .drift import HeadTelemetry, depth_bucket, merge_telemetry
-from .heads import draft_log_probs
+from .heads import draft_columns_log_probs
 from .maturation import MaturedProposals, Proposal, node_paths, tree_proposals
 from .replay import MaturedRecords, cat_records
 
@@ -52,9 +52,11 @@ def target_top(logits: torch.Tensor, matured: MaturedProposals,
     """The policy's top-K log-probs and token ids [R, K] at each record's node (logits [B, 1+M, V]).
     Heads with a draft vocabulary draft among its tokens alone and were trained on the policy's
     distribution restricted to them and renormalised: their records are too."""
-    target = draft_log_probs(logits[matured.row, matured.node], draft_vocab)
-    size = target.shape[-1] if draft_vocab is None else draft_vocab.numel()
-    return target.topk(min(TARGET_TOP_K, size), dim=-1)
+    at_nodes = logits[matured.row, matured.node]
+    if draft_vocab is None:
+        return torch.log_softmax(at_nodes.float(), dim=-1).topk(min(TARGET_TOP_K, at_nodes.shape[-1]), dim=-1)
+    logp, columns = draft_columns_log_probs(at_nodes, draft_vocab).topk(min(TARGET_TOP_K, draft_vocab.numel()), dim=-1)
+    return logp, draft_vocab[columns]
 
 
 class RecordCollector:

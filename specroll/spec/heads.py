@@ -51,8 +51,14 @@ def draft_log_probs(logits: torch.Tensor, draft_vocab: torch.Tensor | None) -> t
     logits = logits.float()
     if draft_vocab is None:
         return torch.log_softmax(logits, dim=-1)
-    logits = torch.full_like(logits, float("-inf")).index_copy(-1, draft_vocab, logits.index_select(-1, draft_vocab))
-    return torch.log_softmax(logits, dim=-1).nan_to_num(nan=float("-inf"))
+    return torch.full_like(logits, float("-inf")).index_copy(-1, draft_vocab, draft_columns_log_probs(logits, draft_vocab))
+
+
+def draft_columns_log_probs(logits: torch.Tensor, draft_vocab: torch.Tensor) -> torch.Tensor:
+    """`draft_log_probs` on the draft vocabulary's columns alone: [..., len(draft_vocab)], column i
+    for token draft_vocab[i] (no work on the tokens outside it)."""
+    restricted = logits.index_select(-1, draft_vocab).float()
+    return torch.log_softmax(restricted, dim=-1).nan_to_num(nan=float("-inf"))
 
 
 @dataclass
