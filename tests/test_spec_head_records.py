@@ -10,7 +10,7 @@ from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import SpecConfig
 from specroll.spec.head_records import sketch_tv_and_nll, target_top
-from specroll.spec.heads import draft_log_probs
+from specroll.spec.heads import draft_policy_top
 from specroll.spec.maturation import MaturedProposals, Proposal, node_paths, tree_proposals
 from specroll.spec.tree import DraftTree
 from specroll.spec.verify import Verdict
@@ -68,13 +68,17 @@ def test_sketch_tv_and_nll_by_hand():
     torch.testing.assert_close(nll, -torch.tensor([0.1]).log())  # outside the sketch: the tail's mass
 
 
-def test_draft_log_probs_by_hand():
+def test_the_policy_over_a_draft_vocabulary_by_hand():
     """The policy's distribution as heads with a draft vocabulary see it: renormalised over it."""
-    logits = torch.tensor([[0.0, math.log(3.0), 5.0, math.log(1.0)],
-                           [0.0, float("-inf"), 5.0, float("-inf")]])  # row 2: top-k cut the vocabulary
-    p = draft_log_probs(logits, torch.tensor([1, 3])).exp()
-    assert torch.allclose(p, torch.tensor([[0.0, 0.75, 0.0, 0.25], [0.0, 0.0, 0.0, 0.0]]))
-    assert torch.allclose(draft_log_probs(logits[:1], None), torch.log_softmax(logits[:1], dim=-1))
+    logits = torch.tensor([[[0.0, math.log(3.0), 5.0, math.log(1.0)]],
+                           [[0.0, float("-inf"), 5.0, float("-inf")]]])  # row 1: top-k cut the vocabulary
+    row, node = torch.tensor([0, 1]), torch.tensor([0, 0])
+    top_logp, top_ids, log_normaliser = draft_policy_top(logits, row, node, torch.tensor([3, 1]), k=2)
+    assert torch.allclose(top_logp[0].exp(), torch.tensor([0.75, 0.25])) and top_ids[0].tolist() == [1, 3]
+    assert torch.allclose(log_normaliser[0], torch.tensor([math.log(4.0)]))  # logits[.., 1] - it = log 0.75
+    assert (top_logp[1] == float("-inf")).all() and log_normaliser[1].item() == float("-inf")
+    top_logp, top_ids, _ = draft_policy_top(logits[:1], row[:1], node[:1], None, k=4)  # no vocabulary: all tokens
+    assert torch.allclose(top_logp, torch.log_softmax(logits[0], dim=-1).sort(descending=True).values)
 
 
 def test_tree_records_add_the_verified_nodes_off_the_path(model):
@@ -129,6 +133,8 @@ def test_targets_over_a_draft_vocabulary_are_its_columns_renormalised():
                                head_logp=torch.zeros(4, 1), head_ids=torch.zeros(4, 1, dtype=torch.long),
                                children=torch.full((4, 1), -1))
     logp, ids = target_top(logits, matured, vocab)
-    reference_logp, reference_ids = draft_log_probs(logits[row, node], vocab).topk(32, dim=-1)
+    at_nodes = logits[row, node]  # the reference: the full rows, -inf outside the vocabulary, renormalised
+    padded = torch.full_like(at_nodes, float("-inf")).index_copy(-1, vocab, at_nodes[:, vocab])
+    reference_logp, reference_ids = torch.log_softmax(padded, dim=-1).topk(32, dim=-1)
     assert torch.allclose(logp, reference_logp, atol=1e-6) and torch.equal(ids, reference_ids)
     assert set(ids.flatten().tolist()) <= set(vocab.tolist())

@@ -10,21 +10,24 @@ import torch
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import SpecConfig
-from specroll.spec.reflex import FastState, Feedback, ReflexConfig, SafetyGuard, record_errors, record_gate, rms
+from specroll.spec.maturation import MaturedProposals
+from specroll.spec.reflex import (FastState, Feedback, ReflexConfig, SafetyGuard, matured_feedback, record_errors,
+                              record_gate, rms)
 
 
 def test_record_error_and_tv_by_hand():
     lm_head = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-    target = torch.tensor([[0.5, 0.3, 0.2]]).log()
+    # p = [.5 .3 .2]: its top-2 {0: 0.5, 1: 0.3}, and at the sketch's ids the same two.
+    p_logp, p_ids, p_at_sketch = torch.tensor([[0.5, 0.3]]).log(), torch.tensor([[0, 1]]), torch.tensor([[0.5, 0.3]]).log()
     head_logp, head_ids = torch.tensor([[0.7, 0.3]]).log(), torch.tensor([[0, 1]])
     drafted = torch.tensor([[0, -1]])  # the tree drafted token 0 only
     # p's top-2 {0: 0.5, 1: 0.3} and q's sketch {0: 0.7, 1: 0.3} share their tokens: coefficients -0.2 and 0.
-    error, tv = record_errors(target, head_logp, head_ids, drafted, lm_head, top_target=2, coverage_weight=0.0)
+    error, tv = record_errors(p_logp, p_ids, p_at_sketch, head_logp, head_ids, drafted, lm_head, coverage_weight=0.0)
     torch.testing.assert_close(error, torch.tensor([[-0.2, 0.0]]))
     # TV: 0.5 * (0.2 on the union + |0.2 - 0| outside it) = 0.2, the exact TV of [.5 .3 .2] and [.7 .3 0].
     torch.testing.assert_close(tv, torch.tensor([0.2]))
     # Coverage: token 1 (p = 0.3) was not drafted, so 0.3 * W[1] joins the error.
-    error, _ = record_errors(target, head_logp, head_ids, drafted, lm_head, top_target=2, coverage_weight=1.0)
+    error, _ = record_errors(p_logp, p_ids, p_at_sketch, head_logp, head_ids, drafted, lm_head, coverage_weight=1.0)
     torch.testing.assert_close(error, torch.tensor([[-0.2, 0.3]]))
 
 
@@ -130,3 +133,32 @@ def test_greedy_output_is_unchanged_by_reflex_and_drafts_change():
     stats = outs["reflex"].stats
     assert stats["reflex_on_share"] > 0.5 and stats["reflex_records"] > 0
     assert stats["tokens_per_step_hist"] != outs["static"].stats["tokens_per_step_hist"]  # the correction moved drafts
+
+
+def test_feedback_reads_the_target_on_the_draft_vocabulary_alone():
+    """matured_feedback over a draft vocabulary (unsorted ids) equals the errors and TVs computed
+    from the full target rows with -inf outside the vocabulary, renormalised."""
+    g = torch.Generator().manual_seed(0)
+    vocab_size, hidden, m = 64, 8, 4
+    target_logp = torch.log_softmax(torch.randn(3, 5, vocab_size, generator=g) * 3, dim=-1)
+    target_logp[2, 1, 10:] = float("-inf")  # top-k left this node a few tokens, maybe none of the vocabulary
+    draft_vocab = torch.randperm(vocab_size, generator=g)[:24]
+    row, node = torch.tensor([0, 0, 1, 2, 2]), torch.tensor([0, 2, 4, 1, 3])
+    head_ids = draft_vocab[torch.stack([torch.randperm(24, generator=g)[:m] for _ in row])]
+    head_logp = torch.log_softmax(torch.randn(len(row), m, generator=g), dim=-1) - 0.5
+    children = torch.cat((head_ids[:, :2], torch.full((len(row), 1), -1)), dim=1)
+    matured = MaturedProposals(row=row, depth=torch.tensor([0, 1, 0, 0, 2]), node=node, head_logp=head_logp,
+                               head_ids=head_ids, children=children)
+    lm_head = torch.randn(vocab_size, hidden, generator=g)
+    cfg = ReflexConfig(sketch_size=6, tv_floor=0.0)
+    feedback = matured_feedback(matured, target_logp, lm_head, cfg, draft_vocab)
+    at_nodes = target_logp[row, node]
+    padded = torch.full_like(at_nodes, float("-inf")).index_copy(-1, draft_vocab, at_nodes[:, draft_vocab])
+    full = torch.log_softmax(padded, dim=-1).nan_to_num(nan=float("-inf"))
+    p_logp, p_ids = full.topk(6, dim=-1)
+    error, tv = record_errors(p_logp, p_ids, full.gather(1, head_ids), head_logp, head_ids, children, lm_head, 1.0)
+    gate = record_gate(tv, matured.depth + 1, cfg)
+    direction = torch.zeros(3, hidden).index_add_(0, row, gate[:, None] * error)
+    mass = torch.zeros(3).index_add_(0, row, gate)
+    torch.testing.assert_close(feedback.tv_sum, torch.zeros(3).index_add_(0, row, tv))
+    torch.testing.assert_close(feedback.direction, direction / mass.clamp(min=1e-12)[:, None])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .drift import HeadTelemetry, depth_bucket, merge_telemetry
-from .heads import draft_columns_log_probs
+from .heads import draft_policy_top
 from .maturation import MaturedProposals, Proposal, node_paths, tree_proposals
 from .replay import MaturedRecords, cat_records
 
@@ -49,14 +49,10 @@ def sketch_tv_and_nll(target_logp: torch.Tensor, target_ids: torch.Tensor, head_
 
 def target_top(logits: torch.Tensor, matured: MaturedProposals,
                draft_vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The policy's top-K log-probs and token ids [R, K] at each record's node (logits [B, 1+M, V]).
-    Heads with a draft vocabulary draft among its tokens alone and were trained on the policy's
-    distribution restricted to them and renormalised: their records are too."""
-    at_nodes = logits[matured.row, matured.node]
-    if draft_vocab is None:
-        return torch.log_softmax(at_nodes.float(), dim=-1).topk(min(TARGET_TOP_K, at_nodes.shape[-1]), dim=-1)
-    logp, columns = draft_columns_log_probs(at_nodes, draft_vocab).topk(min(TARGET_TOP_K, draft_vocab.numel()), dim=-1)
-    return logp, draft_vocab[columns]
+    """The policy's top-K log-probs and token ids [R, K] at each record's node (logits [B, 1+M, V]),
+    restricted to the heads' draft vocabulary: what heads with one are trained to draft."""
+    logp, ids, _ = draft_policy_top(logits, matured.row, matured.node, draft_vocab, TARGET_TOP_K)
+    return logp, ids
 
 
 class RecordCollector:

@@ -23,6 +23,7 @@ it: drafts are only proposals that verification accepts or rejects.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,22 +44,24 @@ def model_fingerprint(model_config) -> str:
     return f"{c.model_type}-L{c.num_layers}-D{c.hidden_size}-V{c.vocab_size}"
 
 
-def draft_log_probs(logits: torch.Tensor, draft_vocab: torch.Tensor | None) -> torch.Tensor:
-    """Log-probs over the last dimension restricted to the draft vocabulary and renormalised
-    (-inf elsewhere; all tokens when None): the distribution heads with that vocabulary are
-    trained to draft, and the one their drafts are judged against. Takes logits or log-probs; a
-    row with no mass left on the vocabulary (top-k or top-p cut all of it) is -inf throughout."""
-    logits = logits.float()
+def draft_policy_top(logits: torch.Tensor, row: torch.Tensor, node: torch.Tensor, draft_vocab: torch.Tensor | None,
+                     k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The policy at R tree nodes as heads with a draft vocabulary see it: restricted to that
+    vocabulary (all tokens when None) and renormalised, the distribution they are trained to draft
+    and their drafts are judged against. Reads only the vocabulary's columns of logits [B, N, V]
+    (logits or log-probs) at (row [R], node [R]).
+
+    Returns its top-k log-probs and token ids [R, k], and the log-normaliser [R, 1]: logits at
+    other ids of the vocabulary minus it are their log-probs. A node where top-k or top-p left no
+    mass on the vocabulary is -inf throughout (its normaliser too).
+    """
     if draft_vocab is None:
-        return torch.log_softmax(logits, dim=-1)
-    return torch.full_like(logits, float("-inf")).index_copy(-1, draft_vocab, draft_columns_log_probs(logits, draft_vocab))
-
-
-def draft_columns_log_probs(logits: torch.Tensor, draft_vocab: torch.Tensor) -> torch.Tensor:
-    """`draft_log_probs` on the draft vocabulary's columns alone: [..., len(draft_vocab)], column i
-    for token draft_vocab[i] (no work on the tokens outside it)."""
-    restricted = logits.index_select(-1, draft_vocab).float()
-    return torch.log_softmax(restricted, dim=-1).nan_to_num(nan=float("-inf"))
+        restricted = logits[row, node].float()
+    else:
+        restricted = logits[row[:, None], node[:, None], draft_vocab].float()
+    log_normaliser = restricted.logsumexp(-1, keepdim=True)
+    top_logp, top = (restricted - log_normaliser).nan_to_num(nan=-math.inf).topk(min(k, restricted.shape[-1]), dim=-1)
+    return top_logp, (top if draft_vocab is None else draft_vocab[top]), log_normaliser
 
 
 @dataclass

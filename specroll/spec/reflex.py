@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .heads import draft_log_probs
+from .heads import draft_policy_top
 from .maturation import MaturedProposals
 
 REFLEX_MODES = ("paper", "code")
@@ -102,20 +102,20 @@ def clip_rms(x: torch.Tensor, limit: float) -> torch.Tensor:
     return x * (limit / rms(x).clamp(min=limit))[..., None]
 
 
-def record_errors(target_logp: torch.Tensor, head_logp: torch.Tensor, head_ids: torch.Tensor,
-                  drafted: torch.Tensor, lm_head: torch.Tensor, top_target: int, coverage_weight: float):
+def record_errors(p_logp: torch.Tensor, p_ids: torch.Tensor, p_at_sketch: torch.Tensor, head_logp: torch.Tensor,
+                  head_ids: torch.Tensor, drafted: torch.Tensor, lm_head: torch.Tensor, coverage_weight: float):
     """Hidden-space error and TV of R matured records.
 
-    target_logp [R, V]: the policy's distribution at the node; head_logp, head_ids [R, m]: the
-    heads' sketch there; drafted [R, C]: ids of the children the tree held (-1: none); lm_head [V, D].
+    p_logp, p_ids [R, k]: the policy's top tokens at the node; p_at_sketch [R, m]: its log-probs
+    at the heads' sketch head_logp, head_ids [R, m] (`heads.draft_policy_top`); drafted [R, C]:
+    ids of the children the tree held (-1: none); lm_head [V, D].
     Returns (error [R, D] = r_dist + coverage_weight * r_cov, tv [R]). Both sums run over the
     union of p's top tokens and q's sketch; TV counts the mass outside it as one bucket.
     """
-    p_logp, p_ids = target_logp.topk(min(top_target, target_logp.shape[-1]), dim=-1)
     ids = torch.cat((p_ids, head_ids), dim=1)  # [R, k + m]
     q_of_p = ((p_ids[:, :, None] == head_ids[:, None, :]) * head_logp.exp()[:, None, :]).sum(-1)  # 0 outside the sketch
     in_p = (head_ids[:, :, None] == p_ids[:, None, :]).any(-1)  # sketch tokens already counted on p's side
-    p = torch.cat((p_logp.exp(), torch.where(in_p, 0.0, target_logp.gather(1, head_ids).exp())), dim=1)
+    p = torch.cat((p_logp.exp(), torch.where(in_p, 0.0, p_at_sketch.exp())), dim=1)
     q = torch.cat((q_of_p, torch.where(in_p, 0.0, head_logp.exp())), dim=1)
     rows = lm_head[ids].float()  # [R, k + m, D]
     coef = p - q
@@ -232,9 +232,10 @@ def matured_feedback(matured: MaturedProposals, target_logp: torch.Tensor, lm_he
     if len(matured.row):
         coverage = cfg.coverage_weight if cfg.mode == "paper" else 0.0
         r = matured.row
-        target = draft_log_probs(target_logp[r, matured.node], draft_vocab)
-        error, tv = record_errors(target, matured.head_logp, matured.head_ids, matured.children, lm_head,
-                                  cfg.sketch_size, coverage)
+        p_logp, p_ids, log_normaliser = draft_policy_top(target_logp, r, matured.node, draft_vocab, cfg.sketch_size)
+        p_at_sketch = (target_logp[r[:, None], matured.node[:, None], matured.head_ids].float() - log_normaliser)
+        error, tv = record_errors(p_logp, p_ids, p_at_sketch.nan_to_num(nan=-math.inf), matured.head_logp,
+                                  matured.head_ids, matured.children, lm_head, coverage)
         gate = record_gate(tv, matured.depth + 1, cfg)
         direction.index_add_(0, r, gate[:, None] * error)
         gate_mass.index_add_(0, r, gate)
