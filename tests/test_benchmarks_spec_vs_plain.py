@@ -1,9 +1,11 @@
-"""The oracle bound of the speculative benchmark, on hand-worked probabilities."""
+"""The oracle bound of the speculative benchmark and its ratio's error, on hand-worked numbers."""
 from __future__ import annotations
+
+import math
 
 import torch
 
-from specroll.benchmarks.spec_vs_plain import oracle_accepted
+from specroll.benchmarks.spec_vs_plain import oracle_accepted, repeat_ratio_se
 
 # Position j holds the policy's probability of the response token r_j (realised) and its
 # largest probabilities at that position (top). The root is r_0; a tree predicts r_1, r_2 ...
@@ -33,3 +35,10 @@ def test_a_likelier_sibling_takes_the_only_draft():
     top = torch.tensor([[1.0, 0.0], [0.6, 0.3], [0.9, 0.1]])
     assert oracle_accepted(realised, top, 0, drafts=1, max_depth=4) == 0
     assert oracle_accepted(realised, top, 0, drafts=2, max_depth=4) == 1
+
+
+def test_the_ratio_standard_error_by_hand():
+    # Ratios 1.1, 0.9, 1.0: mean 1.0, sample variance (0.01 + 0.01 + 0) / 2 = 0.01, s.e. 0.1 / sqrt(3).
+    pairs = [(100.0, 110.0), (50.0, 45.0), (80.0, 80.0)]
+    assert math.isclose(repeat_ratio_se(pairs), 0.1 / math.sqrt(3))
+    assert repeat_ratio_se(pairs[:1]) is None

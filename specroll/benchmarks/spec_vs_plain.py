@@ -2,7 +2,8 @@
 
 Same policy, prompts, seeds and sampling settings (temperature 1, top_p 1, max 256 new
 tokens by default) at several concurrencies (c prompts x 1 response) and on a GRPO-shaped
-batch (8 prompts x 8 responses). Each setting alternates plain and speculative runs.
+batch (8 prompts x 8 responses). Each setting alternates plain and speculative runs (which one
+goes first alternates too); the ratio's standard error is the spread of the repeats' ratios.
 
 For every speculative run we also report the oracle bound: the tokens per verify step that
 a drafter knowing the policy's exact next-token distributions along the sampled responses
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -80,6 +82,16 @@ def oracle_accepted(realised: torch.Tensor, top: torch.Tensor, i: int, drafts: i
     return min(max_depth, len(realised) - 1 - i)
 
 
+def repeat_ratio_se(pairs: list[tuple[float, float]]) -> float | None:
+    """Standard error of the speculative / plain speed ratio over repeats: the spread of each
+    repeat's ratio (pairs of (plain, spec) tokens/s) over sqrt(repeats); None for one repeat."""
+    if len(pairs) < 2:
+        return None
+    ratios = [spec / plain for plain, spec in pairs]
+    mean = sum(ratios) / len(ratios)
+    return math.sqrt(sum((x - mean) ** 2 for x in ratios) / (len(ratios) - 1) / len(ratios))
+
+
 def timed_generate(engine, prompts, params, device):
     synchronize(device)
     started = time.perf_counter()
@@ -140,18 +152,22 @@ def main(argv: list[str] | None = None) -> dict:
         plain_prefill, spec_prefill = 0.0, 0.0  # kept apart for the ratio of decoding alone
         per_step, oracle, budgets, draft_t, lookup_share = [], [], [], 0.0, []
         timed = []  # every timed call's stats
+        pairs = []  # (plain, spec) tokens/s of each repeat
         for r in range(args.repeats):
             params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
                                     n=n, seed=args.seed + r)
             if mode == "compiled" and r == 0:  # compile the shapes of this setting before timing
                 plain_engine.generate(prompts, params)
                 spec_engine.generate(prompts, params)
-            out, wall = timed_generate(plain_engine, prompts, params, device)
-            plain_t, plain_tok = plain_t + wall, plain_tok + out.stats["tokens"]
-            plain_prefill += out.stats["prefill_s"]
-            timed.append(out.stats)
-            bar.update()
-            out, wall = timed_generate(spec_engine, prompts, params, device)
+            # Every other repeat the speculative engine goes first, so that a drift in machine speed cancels.
+            order = (plain_engine, spec_engine) if r % 2 == 0 else (spec_engine, plain_engine)
+            calls = {engine: timed_generate(engine, prompts, params, device) for engine in order}
+            bar.update(2)
+            (plain_out, plain_wall), (out, wall) = calls[plain_engine], calls[spec_engine]
+            pairs.append((plain_out.stats["tokens"] / plain_wall, out.stats["tokens"] / wall))
+            plain_t, plain_tok = plain_t + plain_wall, plain_tok + plain_out.stats["tokens"]
+            plain_prefill += plain_out.stats["prefill_s"]
+            timed.append(plain_out.stats)
             spec_t, spec_tok = spec_t + wall, spec_tok + out.stats["tokens"]
             spec_prefill += out.stats["prefill_s"]
             timed.append(out.stats)
@@ -160,13 +176,13 @@ def main(argv: list[str] | None = None) -> dict:
             lookup_share.append(out.stats["lookup_token_share"])
             budgets = out.stats["budget_per_step"]
             oracle.append(oracle_tokens_per_step(model, prompts, out, params, budgets, max_depth))
-            bar.update()
         row = {
             "setting": name,
             "step": mode,
             "plain_tokens_per_s": plain_tok / plain_t,
             "spec_tokens_per_s": spec_tok / spec_t,
             "speedup": (spec_tok / spec_t) / (plain_tok / plain_t),
+            "speedup_se": repeat_ratio_se(pairs),
             "decode_speedup": (spec_tok / (spec_t - spec_prefill)) / (plain_tok / (plain_t - plain_prefill)),
             "tokens_per_step": sum(per_step) / len(per_step),
             "oracle_tokens_per_step": sum(oracle) / len(oracle),
@@ -187,13 +203,14 @@ def main(argv: list[str] | None = None) -> dict:
         budget += f" (C_hw {spec_engine.decoder.capacity})"
     print(f"\npolicy {args.policy}, heads {heads_path or 'untrained ' + args.head_type}, budget {budget}, "
           f"context lookup {'off' if args.no_context_lookup else 'on'}, prompts from {source}, device {device}, {args.dtype}")
-    print(f"{'setting':>16} {'step':>8} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'decode':>6} "
+    print(f"{'setting':>16} {'step':>8} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'± s.e.':>6} {'decode':>6} "
           f"{'tok/step':>8} {'oracle':>7} {'drafting':>8} {'lookup':>6}  budget trace")
     for row in rows:
         trace = row["budget_trace"]
         summary = f"{min(trace)}..{max(trace)} (mean {sum(trace) / len(trace):.1f})" if trace else "-"
+        se = "-" if row["speedup_se"] is None else f"{row['speedup_se']:.3f}"
         print(f"{row['setting']:>16} {row['step']:>8} {row['plain_tokens_per_s']:11.1f} {row['spec_tokens_per_s']:10.1f} "
-              f"{row['speedup']:6.2f} {row['decode_speedup']:6.2f} {row['tokens_per_step']:8.2f} "
+              f"{row['speedup']:6.2f} {se:>6} {row['decode_speedup']:6.2f} {row['tokens_per_step']:8.2f} "
               f"{row['oracle_tokens_per_step']:7.2f} {row['draft_share']:8.1%} {row['lookup_token_share']:6.0%}  "
               f"{summary}")
     for row in rows:
