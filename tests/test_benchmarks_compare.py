@@ -25,10 +25,13 @@ def test_summary_and_ratios_against_vanilla_and_fastgrpo():
     fast = mode("fastgrpo", [row(0, 50, 90, 0.5, 0.5, **{m.DRAFTER_UPDATES: 1, m.TIME_DRAFTER_UPDATE: 2.0}),
                              row(1, 6, 25, 0.25, 0.25, **{m.DRAFTER_UPDATES: 2, m.TIME_DRAFTER_UPDATE: 3.0,
                                                           m.TOKENS_PER_STEP: 1.5, m.acceptance_depth(1): 0.4})])
-    both = mode("specroll-both", [row(0, 50, 90, 0.5, 0.5), row(1, 4, 16, 0.5, 0.5, **{m.TOKENS_PER_STEP: 2.0})])
+    both = mode("specroll-both", [row(0, 50, 90, 0.5, 0.5, **{m.HEADS_UPDATE_S: 4.0, m.HEADS_UPDATE_WAIT_S: 1.5}),
+                                  row(1, 4, 16, 0.5, 0.5, **{m.TOKENS_PER_STEP: 2.0})])
     add_ratios([vanilla, fast, both])
     s = fast.summary
     assert (s["gen_s"], s["step_s"], s["drafter_updates"], s["drafter_update_s"]) == (6, 25, 2, 5.0)
+    assert s["drafter_update_wait_s"] == 5.0  # FastGRPO's updates run inside its steps
+    assert (both.summary["drafter_update_s"], both.summary["drafter_update_wait_s"]) == (4.0, 1.5)
     assert s["tokens_per_pass"] == 1.5 and s["acceptance_by_depth"] == [0.4]
     assert s["gen_tokens_per_s"] == pytest.approx(40 / 6)  # warm-up step left out
     assert (s["correct"], s["responses"]) == (3, 8) and s["reward_mean"] == pytest.approx(0.375)

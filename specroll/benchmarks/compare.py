@@ -167,6 +167,8 @@ def summarize_mode(rows: list[dict], warmup: int) -> dict:
         # FastGRPO's online updates run inside the step; SpecRoll's head updates overlap the learner.
         "drafter_updates": int(max(heads_updates, drafter_updates)),
         "drafter_update_s": total(rows, m.TIME_DRAFTER_UPDATE) + total(rows, m.HEADS_UPDATE_S),
+        # What of it the steps waited for: all of FastGRPO's, SpecRoll's beyond the learner.
+        "drafter_update_wait_s": total(rows, m.TIME_DRAFTER_UPDATE) + total(rows, m.HEADS_UPDATE_WAIT_S),
         "reward_mean": sum((r[m.REWARD_MEAN] or 0) * (r[m.NUM_SEQUENCES] or 0) for r in rows) / max(responses, 1),
         "accuracy": correct / max(responses, 1),
         "responses": int(responses),
@@ -270,7 +272,7 @@ def markdown_table(comparison: Comparison) -> str:
                   f"same rewards across all modes? accuracy chi-square p = {tests['accuracy_chi2_p']:.2f}, "
                   f"per-step rewards Kruskal-Wallis p = {tests['reward_kruskal_p']:.2f}", "",
                   "| mode | gen s | step s | gen x vanilla | step x vanilla | gen x fastgrpo | step x fastgrpo | "
-                  "tokens/pass | acceptance by depth | drafter updates, all steps (s) | reward | accuracy | "
+                  "tokens/pass | acceptance by depth | drafter updates, all steps (s; the steps waited s) | reward | accuracy | "
                   "p vs vanilla (acc / reward) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for run in comparison.modes_of(race):
@@ -280,7 +282,8 @@ def markdown_table(comparison: Comparison) -> str:
                 f"| {run.name} | {s['gen_s']:.1f} | {s['step_s']:.1f} | {fmt(s.get('gen_speedup_vs_vanilla'), suffix='x')} | "
                 f"{fmt(s.get('step_speedup_vs_vanilla'), suffix='x')} | {fmt(s.get('gen_speedup_vs_fastgrpo'), suffix='x')} | "
                 f"{fmt(s.get('step_speedup_vs_fastgrpo'), suffix='x')} | {fmt(s['tokens_per_pass'])} | {depths} | "
-                f"{s['drafter_updates']} ({s['drafter_update_s']:.1f}) | {s['reward_mean']:.3f} | "
+                f"{s['drafter_updates']} ({s['drafter_update_s']:.1f}; {fmt(s.get('drafter_update_wait_s'), '.1f')}) | "
+                f"{s['reward_mean']:.3f} | "
                 f"{s['correct']}/{s['responses']} | {fmt(s.get('accuracy_p_vs_vanilla'))} / {fmt(s.get('reward_p_vs_vanilla'))} |")
         points = [p for p in comparison.concurrency if p.race == race]
         if points:
