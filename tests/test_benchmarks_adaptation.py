@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from specroll.benchmarks.adaptation import CEILING, VANILLA, goals, main, markdown_table, rate, summarize
+from specroll.benchmarks.adaptation import CEILING, VANILLA, across_seeds, goals, main, markdown_table, rate, summarize
 
 ROUNDS, DRIFT_AT, PROMPTS, N = 5, 2, 2, 2
 
@@ -137,3 +137,27 @@ def test_tree_records_and_the_acceptance_signal_reach_the_run(tmp_path):
     assert [r["tokens_per_step_mean"] for r in ceiling[1:]] != [r["tokens_per_step_mean"] for r in static[1:]]
     assert tree["args"]["record_nodes"] == "tree" and tree["args"]["drift_signal"] == "acceptance"
     assert tree["rounds"]["slow"][-1]["drift_check"] is not None
+
+
+def test_seeds_pool_into_a_mean_gain_and_a_count_of_goals_held():
+    # Gains over static at three seeds: +0.1, -0.1, +0.3: mean +0.1, s.e. sd 0.2 / sqrt(3).
+    summaries = [{"static": {"gain_over_static_after": 0.0}, "slow": {"gain_over_static_after": g}} for g in (0.1, -0.1, 0.3)]
+    checks = [{"both > slow > static": held, "static / ceiling tokens per pass": 0.9} for held in (True, False, True)]
+    pooled = across_seeds(summaries, checks)
+    assert pooled["seeds"] == 3 and pooled["gains"]["slow"]["gain_over_static_after"] == pytest.approx(0.1)
+    assert pooled["gains"]["slow"]["gain_over_static_after_se"] == pytest.approx(0.2 / math.sqrt(3))
+    assert pooled["goals_held"] == {"both > slow > static": 2}  # ratios are not goals to count
+
+
+def test_several_seeds_run_apart_and_pool(tmp_path):
+    out = tmp_path / "seeds.json"
+    result = main(["--tiny", "--threads", "1", "--rounds", "3", "--drift-at", "1", "--prompts", "2", "--n", "2",
+                   "--max-new-tokens", "12", "--calibration-steps", "1", "--min-records", "4",
+                   "--modes", "static", "every_step", "--seed", "5", "--seeds", "2", "--json", str(out)])
+    written = json.loads(out.read_text())
+    assert [r["seed"] for r in written["runs"]] == [5, 6] and written["across_seeds"]["seeds"] == 2
+    gains = [r["summary"]["every_step"]["gain_over_static_after"] for r in result["runs"]]
+    assert written["across_seeds"]["gains"]["every_step"]["gain_over_static_after"] == pytest.approx(sum(gains) / 2)
+    for seed in (5, 6):  # each seed's own JSON and plot, as a single run writes them
+        assert json.loads((tmp_path / f"seeds_seed{seed}.json").read_text())["args"]["seed"] == str(seed)
+        assert (tmp_path / f"seeds_seed{seed}.png").stat().st_size > 1000

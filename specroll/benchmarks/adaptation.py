@@ -16,7 +16,7 @@ differ, so a difference between modes means something only beyond the printed st
 
     python -m specroll.benchmarks.adaptation [--quick] [--policy-a smollm2-135m-instruct --heads shipped]
         [--policy-b ~/.cache/specroll/sft/gsm8k800] [--modes static reflex slow both every_step]
-        [--rounds 12 --drift-at 4] [--head-lr 3e-4 --head-steps 30] [--heads-b FILE] [--threads 1]
+        [--rounds 12 --drift-at 4] [--head-lr 3e-4 --head-steps 30] [--heads-b FILE] [--threads 1] [--seeds 4]
         [--json out.json] [--plot out.png]
 
 The reverse drift (heads trained for the SFT'd policy drafting for the instruct one):
@@ -282,7 +282,7 @@ def rate(rows: list[dict]) -> float:
 
 
 def standard_error(values) -> float:
-    """Of the mean, from the spread over rounds (each round samples other responses)."""
+    """Of the mean, from the spread of the values (over rounds, each sampling other responses, or seeds)."""
     values = list(values)
     if len(values) < 2:
         return math.nan
@@ -369,6 +369,18 @@ def paired_gain(s: dict) -> str:
     return text + (f" ({s['share_of_ceiling_gain']:.0%} of the ceiling's)" if "share_of_ceiling_gain" in s else "")
 
 
+def across_seeds(summaries: list[dict[str, dict]], checks: list[dict]) -> dict:
+    """Several seeds' runs as one: per mode the mean of its per-seed gain over static (paired by
+    round) with the standard error across seeds, and per goal in how many seeds it held."""
+    gains = {}
+    for mode in summaries[0]:
+        values = [s[mode]["gain_over_static_after"] for s in summaries if "gain_over_static_after" in s.get(mode, {})]
+        if len(values) == len(summaries):
+            gains[mode] = {"gain_over_static_after": mean(values), "gain_over_static_after_se": standard_error(values)}
+    held = {name: sum(bool(c[name]) for c in checks) for name, value in checks[0].items() if isinstance(value, bool)}
+    return {"seeds": len(summaries), "gains": gains, "goals_held": held}
+
+
 def markdown_table(summary: dict[str, dict]) -> str:
     lines = ["| mode | tok/pass A | tok/pass B (± s.e.) | tok/pass B, late half | acceptance by depth (B) "
              "| speed vs vanilla (B, median) | updates run / kept | update s (share of gen) | reflex on (B) "
@@ -410,6 +422,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="runs with --seed, --seed + 1, ...: gains over static averaged across them (one seed's "
+                         "ordering of the modes can be noise)")
     # drafting
     ap.add_argument("--modes", nargs="+", default=list(ADAPTATION_MODES), choices=ADAPTATION_MODES)
     ap.add_argument("--budget", default="fixed", choices=["fixed", "concurrency", "cost_model"],
@@ -461,6 +476,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(f"--drift-at must be in [1, --rounds) so that both policies run, got {args.drift_at}")
     if args.calibration_steps > args.drift_at:
         ap.error("--calibration-steps must not exceed --drift-at: the detector calibrates on policy A")
+    if args.seeds < 1:
+        ap.error(f"--seeds must be >= 1, got {args.seeds}")
     if args.plot is None:
         args.plot = args.json.with_suffix(".png") if args.json else Path("runs/bench_adaptation.png")
     return args
@@ -468,9 +485,35 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    torch.manual_seed(args.seed)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.seeds == 1:
+        return run_seed(args)
+    runs = []
+    for k in range(args.seeds):
+        one = argparse.Namespace(**vars(args))
+        one.seed = args.seed + k
+        one.plot = args.plot.with_name(f"{args.plot.stem}_seed{one.seed}{args.plot.suffix}")
+        one.json = args.json.with_name(f"{args.json.stem}_seed{one.seed}{args.json.suffix}") if args.json else None
+        print(f"\n== seed {one.seed} ({k + 1} of {args.seeds})", flush=True)
+        runs.append(run_seed(one))
+    pooled = across_seeds([r["summary"] for r in runs], [r["goals"] for r in runs])
+    print(f"\nAcross seeds {args.seed}..{args.seed + args.seeds - 1}, B minus static (mean ± s.e. across seeds): "
+          + "; ".join(f"{m} {g['gain_over_static_after']:+.3f} ± {g['gain_over_static_after_se']:.3f}"
+                      for m, g in pooled["gains"].items() if m != "static"))
+    print("Goals held in " + "; ".join(f"{name}: {n} of {args.seeds}" for name, n in pooled["goals_held"].items()))
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "across_seeds": pooled,
+              "runs": [{"seed": args.seed + k, "summary": r["summary"], "goals": r["goals"]} for k, r in enumerate(runs)]}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}")
+    return result
+
+
+def run_seed(args) -> dict:
+    """One run: every mode side by side over the rounds, with `args.seed`."""
+    torch.manual_seed(args.seed)
     scenario = tiny_scenario(args) if args.tiny else real_scenario(args)
     arms = build_arms(scenario, args)
     print(f"{scenario.description}, prompts from {scenario.prompt_source}; {args.rounds} rounds (drift at "
