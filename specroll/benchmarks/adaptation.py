@@ -483,6 +483,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def write_json(path: Path | None, result: dict) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+        print(f"wrote {path}")
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.threads is not None:
@@ -504,10 +511,7 @@ def main(argv=None) -> dict:
     print("Goals held in " + "; ".join(f"{name}: {n} of {args.seeds}" for name, n in pooled["goals_held"].items()))
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "across_seeds": pooled,
               "runs": [{"seed": args.seed + k, "summary": r["summary"], "goals": r["goals"]} for k, r in enumerate(runs)]}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}")
+    write_json(args.json, result)
     return result
 
 
@@ -541,10 +545,7 @@ def run_seed(args) -> dict:
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "scenario": scenario.description,
               "prompts": scenario.prompt_source, "threads": torch.get_num_threads(),
               "rounds": rounds, "summary": summary, "goals": checks, "table": table}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}")
+    write_json(args.json, result)
     return result
 
 
