@@ -3,7 +3,7 @@
 Same tiny policy, prompts and statistics as `test_spec_exactness.py` (see `exactness.py`): every
 kept token of thousands of responses, at every tree depth, against its exact conditional from
 transformers' forward; an untrained (random) and a pretrained drafter; T=1, T=0.7 with top-p,
-top-k; FastGRPO's concurrency rule as rows finish; greedy output equals plain decoding; and a
+top-k; FastGRPO's concurrency rule as rows finish; greedy and sampled output equal plain decoding's; and a
 biased acceptance rule fails the same tests with these trees.
 """
 from __future__ import annotations
@@ -115,6 +115,17 @@ def test_every_fastgrpo_token_follows_the_policy(rollouts, name, record_property
     assert by_depth[2:].sum() >= setting.min_deep_share * len(dec.tokens), by_depth
     if setting.drafter == "untrained":
         assert out.stats["tokens_per_step_hist"].get(1, 0) > 0.2 * out.stats["verify_steps"]  # rejections are exercised
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_sampled_responses_are_the_plain_ones(model, rollouts, name):
+    """As SpecRoll's (spec/verify.py): the same seed gives plain decoding's responses, token for token."""
+    setting = SETTINGS[name]
+    params = SamplingParams(n=setting.n, max_new_tokens=NEW_TOKENS, seed=0, **setting.sampling)
+    plain = RolloutEngine(model).generate(PROMPTS, params).token_ids
+    speculative = rollouts(name)[0].token_ids
+    same = sum(a == b for a, b in zip(plain, speculative))
+    assert same >= 0.999 * len(plain), f"{len(plain) - same} of {len(plain)} responses differ"
 
 
 def test_pretraining_deepens_acceptance(rollouts):

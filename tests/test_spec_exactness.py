@@ -182,6 +182,19 @@ def test_every_speculative_token_follows_the_policy(rollouts, name, record_prope
         assert out.stats["lookup_token_share"] > 0.1
 
 
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_sampled_responses_are_the_plain_ones(model, rollouts, name):
+    """Each node samples with the draw plain sampling uses for the token it would emit, so a
+    speculative response is the plain one for the same seed, token for token, whatever was
+    drafted (a flip at a float rounding boundary of the logits may end one early)."""
+    setting = SETTINGS[name]
+    params = SamplingParams(n=setting.n, max_new_tokens=NEW_TOKENS, seed=0, **setting.sampling)
+    plain = RolloutEngine(model).generate(PROMPTS, params).token_ids
+    speculative = rollouts(name)[0].token_ids
+    same = sum(a == b for a, b in zip(plain, speculative))
+    assert same >= 0.999 * len(plain), f"{len(plain) - same} of {len(plain)} responses differ"
+
+
 def test_reflex_changed_the_drafts(rollouts):
     """The Reflex settings are not the static ones in disguise: the correction moved what was drafted."""
     static, reflex = rollouts("t07-topp09-path-trained-fixed16")[0], rollouts("t07-topp09-path-trained-fixed16-reflex")[0]

@@ -96,11 +96,13 @@ class FastGRPODecoder:
         t1 = time.perf_counter()
 
         ids = torch.cat((roots[:, None], tree.tokens), dim=1)
-        positions = base[:, None] + torch.cat((torch.zeros_like(roots[:, None]), tree.depths), 1)
-        out = self.model(ids, position_ids=positions, cache=state.cache, new_token_mask=tree_attention_mask(tree))
+        depths = torch.cat((torch.zeros_like(roots[:, None]), tree.depths), 1)
+        out = self.model(ids, position_ids=base[:, None] + depths, cache=state.cache,
+                         new_token_mask=tree_attention_mask(tree))
         logprobs = sampling_logprobs(out.logits, state.params)
-        uniforms = None if state.params.greedy else state.rng.draw(1 + tree.num_drafts)
+        uniforms = None if state.params.greedy else state.rng.peek(depths)
         verdict = self.verify(logprobs, tree, uniforms, state.params.greedy, levels)
+        state.rng.advance(verdict.counts)
         t2 = time.perf_counter()
 
         width = int(verdict.counts.max())

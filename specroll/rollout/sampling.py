@@ -3,7 +3,9 @@
 Logits are turned into the log-probabilities of the distribution actually sampled from
 (temperature, then top-k, then top-p, in float32), and a token is drawn by inverse-CDF
 sampling with a uniform from a counter-based per-row stream, so a row's samples depend only
-on the seed and the row's identity, never on which other rows share the batch.
+on the seed and the row's identity, never on which other rows share the batch. A row's i-th
+generated token takes draw i of its stream, in plain and speculative decoding alike
+(spec/verify.py), so both give the same response for the same seed.
 """
 from __future__ import annotations
 
@@ -88,12 +90,16 @@ def splitmix64(x: torch.Tensor) -> torch.Tensor:
     return z ^ _shift_right(z, 31)
 
 
+def uniforms_at(keys: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+    """[rows, K] U[0, 1) in float64: draw number `draws` [rows, K] of each row's stream."""
+    bits = splitmix64(splitmix64(keys[:, None] ^ splitmix64(draws)))
+    return _shift_right(bits, 11).double() * (1.0 / (1 << 53))
+
+
 def row_uniforms(keys: torch.Tensor, counters: torch.Tensor, num_draws: int) -> torch.Tensor:
     """[rows, num_draws] U[0, 1) in float64: draws counters .. counters + num_draws - 1 of each
     row's stream; pure, so a compiled step can take them and the caller advance the counters."""
-    offsets = counters[:, None] + torch.arange(num_draws, device=keys.device)
-    bits = splitmix64(splitmix64(keys[:, None] ^ splitmix64(offsets)))
-    return _shift_right(bits, 11).double() * (1.0 / (1 << 53))
+    return uniforms_at(keys, counters[:, None] + torch.arange(num_draws, device=keys.device))
 
 
 class RowRandom:
@@ -115,8 +121,14 @@ class RowRandom:
         self.advance(num_draws)
         return uniforms
 
-    def advance(self, num_draws: int) -> None:
-        """Skip `num_draws` draws of every row (those a compiled step took with `row_uniforms`)."""
+    def peek(self, ahead: torch.Tensor) -> torch.Tensor:
+        """[rows, K] the draws `ahead` [rows, K] places past each row's counter, without advancing:
+        a verify pass gives each tree node the draw of the token it would emit (see spec/verify.py)."""
+        return uniforms_at(self.keys, self.counters[:, None] + ahead)
+
+    def advance(self, num_draws: int | torch.Tensor) -> None:
+        """Skip `num_draws` draws of every row, or [rows] draws row by row (the tokens a verify
+        pass emitted, or those a compiled step took with `row_uniforms`)."""
         self.counters += num_draws
 
     def keep(self, rows: torch.Tensor) -> None:

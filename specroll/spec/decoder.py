@@ -278,8 +278,9 @@ class SpecDecoder:
         logits, hidden = self.verify_forward(self.model, ids, positions, state.cache, mask, state.span(nodes))
         logits, hidden = logits[:, :budget], hidden[:, :budget]
         logprobs = sampling_logprobs(logits, state.params)
-        uniforms = None if state.params.greedy else state.rng.draw(budget)
+        uniforms = None if state.params.greedy else state.rng.peek(depths[:, :budget])
         verdict = self.verify(logprobs, tree, uniforms, state.params.greedy, self.heads.num_heads)
+        state.rng.advance(verdict.counts)
         longest = int(verdict.counts.max())
         state.cache.commit_gather(verdict.path[:, :longest], verdict.counts)
         state.cached_bound += longest

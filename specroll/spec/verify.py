@@ -6,6 +6,14 @@ while y_v equals a drafted child of v, move to that child. Emit the accepted chi
 finally y of the last node reached (the bonus token). Every emitted token is a sample of p
 given its true prefix, whatever the drafts were, so responses are distributed exactly as
 plain sampling.
+
+Each node's sample uses the uniform plain sampling would use for the token the node emits: the
+draw of its row's stream `depth` places ahead (`RowRandom.peek`), and the pass then advances the
+stream by the tokens it emitted. Nodes of one depth share a draw, and that stays exact: which
+node of depth d is reached depends only on the draws of depths < d, and the draws of nodes
+beyond the last one reached decide nothing, so the next pass may use them afresh. A speculative
+response is then the plain one for the same seed, token for token (up to float rounding of the
+logits), whatever was drafted: modes and drafters compare on the same responses.
 """
 from __future__ import annotations
 
@@ -29,7 +37,7 @@ class Verdict:
 
 def verify_tree(logprobs: torch.Tensor, tree: DraftTree, uniforms: torch.Tensor | None, greedy: bool,
                 max_depth: int) -> Verdict:
-    """logprobs [B, 1+M, V] at root and nodes; uniforms [B, 1+M] (one fresh draw per node)."""
+    """logprobs [B, 1+M, V] at root and nodes; uniforms [B, 1+M] (one draw per node: see above)."""
     samples, sample_lp = sample_tokens(logprobs, uniforms, greedy)  # [B, 1+M]
     batch = samples.shape[0]
     device = samples.device
