@@ -9,10 +9,11 @@ from specroll.benchmarks.adaptation import CEILING, VANILLA, across_seeds, goals
 ROUNDS, DRIFT_AT, PROMPTS, N = 5, 2, 2, 2
 
 
-def row(tok_per_pass=None, tokens=100, gen_s=1.0, acceptance=(0.5, 0.25), update=None, **extra):
+def row(tok_per_pass=None, tokens=100, gen_s=1.0, acceptance=(0.5, 0.25), update=None, same=1.0, **extra):
     out = {"tokens": tokens, "gen_s": gen_s, "tokens_per_s": tokens / gen_s, **extra}
     if tok_per_pass is not None:
-        out |= {"tokens_per_step_mean": tok_per_pass, "acceptance_by_depth": list(acceptance), "head_version": 0}
+        out |= {"tokens_per_step_mean": tok_per_pass, "acceptance_by_depth": list(acceptance), "head_version": 0,
+                "same_as_vanilla": same}
     if update is not None:
         out["update"] = {"committed": update[0], "seconds": update[1]}
     return out
@@ -20,7 +21,7 @@ def row(tok_per_pass=None, tokens=100, gen_s=1.0, acceptance=(0.5, 0.25), update
 
 def test_summary_splits_at_the_drift_and_takes_ratios_of_totals():
     rounds = {VANILLA: [row(), row(), row(tokens=100, gen_s=1.0), row(tokens=300, gen_s=2.0)],
-              "static": [row(2.0), row(2.2), row(1.5, acceptance=(0.4, 0.2)), row(1.7, tokens=200, gen_s=3.0)],
+              "static": [row(2.0), row(2.2), row(1.5, acceptance=(0.4, 0.2), same=0.5), row(1.7, tokens=200, gen_s=3.0)],
               "every_step": [row(2.0, update=(True, 0.5)), row(2.0, update=(False, 0.25)),
                              row(1.8, update=(True, 0.25)), row(1.9, acceptance=(0.6, 0.3))]}
     s = summarize(rounds, drift_at=2)
@@ -41,6 +42,7 @@ def test_summary_splits_at_the_drift_and_takes_ratios_of_totals():
     assert every["gain_over_static_after_se"] == pytest.approx(0.05)
     assert (every["update_attempts"], every["updates_committed"]) == (3, 2)
     assert every["update_s"] == pytest.approx(1.0) and every["update_share_of_gen"] == pytest.approx(1.0 / 4)
+    assert static["same_as_vanilla"] == pytest.approx(0.875) and every["same_as_vanilla"] == 1.0  # over all rounds
 
 
 def test_each_mode_is_measured_against_what_heads_fit_for_the_drifted_policy_gain():
@@ -82,6 +84,8 @@ def test_every_mode_runs_every_round_on_the_same_prompts(tmp_path):
         assert {rounds[m][r]["policy"] for m in modes} == {"A" if r < DRIFT_AT else "B"}
         assert all(rounds[m][r]["responses"] == PROMPTS * N and rounds[m][r]["round"] == r for m in modes)
 
+    # Every mode sampled vanilla's responses: the modes differ only in what they drafted for them.
+    assert all(r["same_as_vanilla"] == 1.0 for m in modes for r in rounds[m])
     # Static heads never change; reflex runs only where the mode has it, records only where the slow path does.
     assert all(r.get("update") is None and r["head_version"] == 0 for r in rounds["static"])
     assert all("reflex_on_share" in r for m in ("reflex", "both", "every_step") for r in rounds[m])

@@ -11,8 +11,9 @@ table shows how much of the drift's cost each mode wins back.
 Slow-path modes hand each round's records to their own `HeadConsolidator` after the round
 and draft with committed heads from the next round on. The update runs between rounds here;
 in a training run it overlaps the learner, so its seconds are reported apart, not in generation time.
-Sampling is exact but not pathwise equal: once two modes draft differently, their responses
-differ, so a difference between modes means something only beyond the printed standard errors.
+Every mode samples plain decoding's responses for the same seed (spec/verify.py), so the modes
+differ only in what they drafted for the same responses; the share of responses identical to
+vanilla's is checked and printed (a float rounding flip may fork a response).
 
     python -m specroll.benchmarks.adaptation [--quick] [--policy-a smollm2-135m-instruct --heads shipped]
         [--policy-b ~/.cache/specroll/sft/gsm8k800] [--modes static reflex slow both every_step]
@@ -185,8 +186,9 @@ def build_arms(scenario: Scenario, args) -> list[Arm]:
 
 
 def run_arm(arm: Arm, model, prompts: list[list[int]], params: SamplingParams, round_index: int,
-            policy_version: int) -> dict:
-    """One generate call, then (slow-path modes) the consolidation step a training run would take."""
+            policy_version: int) -> tuple[dict, list[list[int]]]:
+    """One generate call, then (slow-path modes) the consolidation step a training run would take:
+    the round's figures and the responses."""
     device = next(model.parameters()).device
     head_version = arm.engine.decoder.heads.version if arm.mode != VANILLA else None
     synchronize(device)
@@ -202,7 +204,7 @@ def run_arm(arm: Arm, model, prompts: list[list[int]], params: SamplingParams, r
         row["budget_mean"] = sum(budgets) / len(budgets)
     if arm.consolidator is not None:
         row |= consolidate(arm, model, policy_version, seed=round_index)
-    return row
+    return row, out.token_ids
 
 
 def consolidate(arm: Arm, model, policy_version: int, seed: int) -> dict:
@@ -243,13 +245,20 @@ def run_rounds(scenario: Scenario, arms: list[Arm], args) -> dict[str, list[dict
                     arm.engine.decoder.set_heads(copy.deepcopy(scenario.heads_b))
         params = SamplingParams(temperature=args.temperature, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
                                 n=args.n, seed=args.seed + r)
-        shift = r % len(arms)
+        shift, responses = r % len(arms), {}
         for arm in arms[shift:] + arms[:shift]:  # rotated: load drifting within a round hits every arm alike
-            row = run_arm(arm, scenario.model, prompts, params, r, policy_version(r, args))
+            row, responses[arm.mode] = run_arm(arm, scenario.model, prompts, params, r, policy_version(r, args))
             rounds[arm.mode].append(row | {"round": r, "policy": "A" if r < args.drift_at else "B",
                                            "prompt_indices": list(indices)})
+        for mode, rows in rounds.items():
+            rows[-1]["same_as_vanilla"] = same_share(responses[mode], responses[VANILLA])
         print(progress_line(r, len(scenario.rounds), rounds), flush=True)
     return rounds
+
+
+def same_share(responses: list[list[int]], reference: list[list[int]]) -> float:
+    """Share of the responses identical to the reference's, token for token."""
+    return sum(a == b for a, b in zip(responses, reference)) / len(reference)
 
 
 def progress_line(r: int, total: int, rounds: dict[str, list[dict]]) -> str:
@@ -328,6 +337,7 @@ def summarize(rounds: dict[str, list[dict]], drift_at: int) -> dict[str, dict]:
             # What the updates would add to generation if nothing overlapped them (a step also trains).
             "update_share_of_gen": sum(u["seconds"] for u in updates) / gen_s,
             "head_version_end": rows[-1]["head_version"],
+            "same_as_vanilla": mean(r["same_as_vanilla"] for r in rows),
         }
         if static_after is not None:
             # Paired by round (same prompts and seeds): the prompts' own difficulty cancels out.
@@ -534,6 +544,8 @@ def run_seed(args) -> dict:
     print("\nAfter the drift: " + "; ".join(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}"
                                           for k, v in checks.items()))
     print("Updates run between rounds here; in training they overlap the learner (update s is not in generation time).")
+    print("Responses identical to vanilla's, token for token: " + ", ".join(
+        f"{mode} {s['same_as_vanilla']:.1%}" for mode, s in summary.items() if mode != VANILLA))
 
     from ..telemetry.plots import plot_tokens_per_pass
 
