@@ -4,6 +4,8 @@ Same policy, prompts, seeds and sampling settings (temperature 1, top_p 1, max 2
 tokens by default) at several concurrencies (c prompts x 1 response) and on a GRPO-shaped
 batch (8 prompts x 8 responses). Each setting alternates plain and speculative runs (which one
 goes first alternates too); the ratio's standard error is the spread of the repeats' ratios.
+Both engines sample the same responses for the same seed (spec/verify.py): the share that came
+out identical, token for token, is printed (`same`).
 
 For every speculative run we also report the oracle bound: the tokens per verify step that
 a drafter knowing the policy's exact next-token distributions along the sampled responses
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
         per_step, oracle, budgets, draft_t, lookup_share = [], [], [], 0.0, []
         timed = []  # every timed call's stats
         pairs = []  # (plain, spec) tokens/s of each repeat
+        same, responses = 0, 0  # speculative responses identical to the plain ones
         for r in range(args.repeats):
             params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
                                     n=n, seed=args.seed + r)
@@ -165,6 +168,8 @@ def main(argv: list[str] | None = None) -> dict:
             bar.update(2)
             (plain_out, plain_wall), (out, wall) = calls[plain_engine], calls[spec_engine]
             pairs.append((plain_out.stats["tokens"] / plain_wall, out.stats["tokens"] / wall))
+            same += sum(a == b for a, b in zip(plain_out.token_ids, out.token_ids))
+            responses += len(out.token_ids)
             plain_t, plain_tok = plain_t + plain_wall, plain_tok + plain_out.stats["tokens"]
             plain_prefill += plain_out.stats["prefill_s"]
             timed.append(plain_out.stats)
@@ -184,6 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
             "speedup": (spec_tok / spec_t) / (plain_tok / plain_t),
             "speedup_se": repeat_ratio_se(pairs),
             "decode_speedup": (spec_tok / (spec_t - spec_prefill)) / (plain_tok / (plain_t - plain_prefill)),
+            "same_responses": same / responses,
             "tokens_per_step": sum(per_step) / len(per_step),
             "oracle_tokens_per_step": sum(oracle) / len(oracle),
             "draft_share": draft_t / spec_t,  # of the speculative wall time
@@ -204,14 +210,15 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\npolicy {args.policy}, heads {heads_path or 'untrained ' + args.head_type}, budget {budget}, "
           f"context lookup {'off' if args.no_context_lookup else 'on'}, prompts from {source}, device {device}, {args.dtype}")
     print(f"{'setting':>16} {'step':>8} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'± s.e.':>6} {'decode':>6} "
-          f"{'tok/step':>8} {'oracle':>7} {'drafting':>8} {'lookup':>6}  budget trace")
+          f"{'tok/step':>8} {'oracle':>7} {'drafting':>8} {'lookup':>6} {'same':>5}  budget trace")
     for row in rows:
         trace = row["budget_trace"]
         summary = f"{min(trace)}..{max(trace)} (mean {sum(trace) / len(trace):.1f})" if trace else "-"
         se = "-" if row["speedup_se"] is None else f"{row['speedup_se']:.3f}"
         print(f"{row['setting']:>16} {row['step']:>8} {row['plain_tokens_per_s']:11.1f} {row['spec_tokens_per_s']:10.1f} "
               f"{row['speedup']:6.2f} {se:>6} {row['decode_speedup']:6.2f} {row['tokens_per_step']:8.2f} "
-              f"{row['oracle_tokens_per_step']:7.2f} {row['draft_share']:8.1%} {row['lookup_token_share']:6.0%}  "
+              f"{row['oracle_tokens_per_step']:7.2f} {row['draft_share']:8.1%} {row['lookup_token_share']:6.0%} "
+              f"{row['same_responses']:5.0%}  "
               f"{summary}")
     for row in rows:
         if row["compiles_while_timed"]:
