@@ -13,8 +13,9 @@ their own labelled table, the JSON of `benchmarks.comparison.Comparison` (--json
     python -m specroll.benchmarks.compare --policies instruct sft --datasets gsm8k synthetic
     python -m specroll.benchmarks.compare --tiny --modes vanilla fastgrpo specroll-both   # plumbing only
 
-Speculative sampling is exact but not pathwise equal: modes draw different responses, so their
-rewards differ by chance; the p-values say whether beyond it. Extra arguments are Hydra overrides
+Every mode samples the same responses for a seed (spec/verify.py), up to float rounding, which
+may fork a response; from a fork on, the learners' updates and so the policies differ, and so may
+the rewards by chance; the p-values say whether beyond it. Extra arguments are Hydra overrides
 for every run, except `rollout.spec.*` (specroll modes only) and `rollout.fastgrpo.*` (fastgrpo only).
 """
 from __future__ import annotations

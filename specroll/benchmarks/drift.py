@@ -19,8 +19,9 @@ Snapshots: a run's checkpoints (`run_dir/checkpoints/step_*`), SFT outputs, mode
     python -m specroll.benchmarks.drift --policies ~/.cache/specroll/sft/gsm8k200 smollm2-135m-instruct
         --heads runs/drift_heads/1.heads.safetensors
 
-Sampling is exact, not pathwise equal: once two drafters differ, their responses differ, so
-each figure carries sampling noise (its standard error over batches of prompts is printed).
+Drafters for one policy sample the same responses for a seed (spec/verify.py), up to float
+rounding; each figure still carries the prompts' noise (its standard error over batches of
+prompts is printed).
 """
 from __future__ import annotations
 
