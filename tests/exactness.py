@@ -25,6 +25,7 @@ import torch
 from scipy.stats import chi2
 
 from specroll.models import to_hf_state_dict
+from specroll.rollout import RolloutEngine
 from specroll.spec.verify import verify_tree
 
 # Cells whose expected variance is below this are left out: the normal approximation needs counts.
@@ -68,6 +69,15 @@ def near_cutoff(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: f
         above = ((p[..., None, :] > p[..., :, None]) * p[..., None, :]).sum(axis=-1)
         near |= (np.abs(above - top_p) < tolerance).any(axis=-1)
     return near
+
+
+def assert_plain_responses(model, prompts: list[list[int]], out, params) -> None:
+    """`out`'s responses are plain decoding's for the same params, token for token: each tree
+    node samples with the draw plain sampling uses for the token it would emit (spec/verify.py).
+    A float rounding difference between a tree pass and a plain step may fork one in a thousand."""
+    plain = RolloutEngine(model).generate(prompts, params).token_ids
+    same = sum(a == b for a, b in zip(plain, out.token_ids))
+    assert same >= 0.999 * len(plain), f"{len(plain) - same} of {len(plain)} responses differ"
 
 
 def hf_oracle(model):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from exactness import DecisionRecorder, bonferroni_min, decisions_of, exactness_pvalues, hf_oracle
+from exactness import DecisionRecorder, assert_plain_responses, bonferroni_min, decisions_of, exactness_pvalues, hf_oracle
 from specroll.fastgrpo import FastGRPOConfig, FeatureDrafter, OnlineConfig
 from specroll.fastgrpo.pretrain import pretrain_drafter, sample_features
 from specroll.models import build_tiny_model
@@ -119,13 +119,10 @@ def test_every_fastgrpo_token_follows_the_policy(rollouts, name, record_property
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_sampled_responses_are_the_plain_ones(model, rollouts, name):
-    """As SpecRoll's (spec/verify.py): the same seed gives plain decoding's responses, token for token."""
+    """As SpecRoll's: the same seed gives plain decoding's responses, token for token."""
     setting = SETTINGS[name]
     params = SamplingParams(n=setting.n, max_new_tokens=NEW_TOKENS, seed=0, **setting.sampling)
-    plain = RolloutEngine(model).generate(PROMPTS, params).token_ids
-    speculative = rollouts(name)[0].token_ids
-    same = sum(a == b for a, b in zip(plain, speculative))
-    assert same >= 0.999 * len(plain), f"{len(plain) - same} of {len(plain)} responses differ"
+    assert_plain_responses(model, PROMPTS, rollouts(name)[0], params)
 
 
 def test_pretraining_deepens_acceptance(rollouts):
