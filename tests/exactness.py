@@ -74,7 +74,7 @@ def near_cutoff(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: f
 def assert_plain_responses(model, prompts: list[list[int]], out, params) -> None:
     """`out`'s responses are plain decoding's for the same params, token for token: each tree
     node samples with the draw plain sampling uses for the token it would emit (spec/verify.py).
-    A float rounding difference between a tree pass and a plain step may fork one in a thousand."""
+    A float rounding difference between a tree pass and a plain step may fork a rare one."""
     plain = RolloutEngine(model).generate(prompts, params).token_ids
     same = sum(a == b for a, b in zip(plain, out.token_ids))
     assert same >= 0.999 * len(plain), f"{len(plain) - same} of {len(plain)} responses differ"
