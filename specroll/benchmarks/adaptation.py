@@ -291,7 +291,7 @@ def rate(rows: list[dict]) -> float:
 
 
 def standard_error(values) -> float:
-    """Of the mean, from the spread of the values (over rounds, each sampling other responses, or seeds)."""
+    """Of the mean, from the spread of the values (over rounds, each with its own prompts, or over seeds)."""
     values = list(values)
     if len(values) < 2:
         return math.nan
