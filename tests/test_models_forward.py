@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specroll.models import CausalLM, from_hf_state_dict, tiny_config
-from specroll.models.llama import rope_inverse_frequencies
+from specroll.models.llama import grouped_masked_attention, rope_inverse_frequencies
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -169,3 +169,19 @@ def test_smollm2_logits_match_transformers(smollm2, smollm2_dir, smollm2_prompt)
         expected = hf(smollm2_prompt).logits
         got = model(smollm2_prompt).logits
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("heads, kv_heads, num_new", [(6, 2, 1), (6, 2, 5), (4, 4, 3), (9, 3, 16)])
+def test_grouped_masked_attention_is_each_query_head_over_its_kv_head(heads, kv_heads, num_new):
+    # The reference repeats every KV head for the query heads that share it and applies the
+    # masked softmax head by head, as the grouped-query attention of transformers does.
+    generator = torch.Generator().manual_seed(0)
+    batch, slots, dim = 3, 11, 8
+    q = torch.randn(batch, heads, num_new, dim, generator=generator)
+    k, v = (torch.randn(batch, kv_heads, slots, dim, generator=generator) for _ in range(2))
+    mask = torch.rand(batch, 1, num_new, slots, generator=generator) > 0.4
+    mask[..., 0] = True  # every query sees at least one slot
+    k_per_head, v_per_head = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))
+    scores = (q @ k_per_head.transpose(-1, -2)) / dim ** 0.5
+    expected = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v_per_head
+    torch.testing.assert_close(grouped_masked_attention(q, k, v, mask), expected, rtol=1e-5, atol=1e-6)

@@ -59,6 +59,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def grouped_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of `q` [B, H, T, D] over `k`, `v` [B, KVH, S, D] where `mask` [B, 1, T, S] allows.
+
+    The G = H / KVH query heads that share a key/value head attend as one head of G*T queries,
+    so the kernel sees plain multi-head attention: masked grouped-query attention has no fused
+    kernel on GPUs and falls back to ones that copy keys and values for every query head.
+    """
+    batch, heads, num_new, dim = q.shape
+    kv_heads = k.shape[1]
+    groups = heads // kv_heads
+    if groups == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    # Query head h = kv * G + g reads KV head kv; its query t becomes query g * T + t of head kv.
+    out = F.scaled_dot_product_attention(q.reshape(batch, kv_heads, groups * num_new, dim), k, v,
+                                         attn_mask=mask.repeat(1, 1, groups, 1))
+    return out.reshape(batch, heads, num_new, dim)  # a copy where the kernel returns another layout
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -79,11 +97,10 @@ class Attention(nn.Module):
         if cache is not None:
             cache.write(self.layer, slots, k, v)
             k, v = cache.view(self.layer, batch, mask.shape[-1])
-        gqa = self.num_heads != self.num_kv_heads
         if mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_heads != self.num_kv_heads)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            out = grouped_masked_attention(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, -1))
 
 
