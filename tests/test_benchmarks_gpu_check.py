@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from specroll.benchmarks import gpu_check, logprob_mismatch
@@ -19,7 +20,9 @@ def test_gpu_check_dry_run_times_every_case_against_its_floors(tmp_path):
     for timing in result["timings"]:
         assert timing["decode_ms_per_step"] > 0 and timing["weight_floor_ms"] > 0 and timing["matmul_floor_ms"] > 0
         assert timing["times_weight_floor"] == timing["decode_ms_per_step"] / timing["weight_floor_ms"]
-    assert result["spec_vs_plain"] == {"skipped": "dry run"}
+        # On a CPU both calls run the flash kernel; on a GPU masked grouped-query attention has none.
+        assert timing["attention_kernels"] == {"grouped": "flash_attention", "masked_gqa": "flash_attention"}
+    assert result["spec_vs_plain"] == {"skipped": "dry run"} and result["skipped"] == []
 
     # --models splits the check (each compiled shape takes minutes on a fresh GPU machine).
     # --profile names the ops a step spends its time in (the decoder layers' matmuls among them).
@@ -29,17 +32,34 @@ def test_gpu_check_dry_run_times_every_case_against_its_floors(tmp_path):
     assert timing["case"]["model"] == "tiny-qwen2"
     top_ms = [ms for _, ms, _ in timing["top_ops"]]
     assert len(top_ms) == 15 and top_ms == sorted(top_ms, reverse=True) and min(top_ms) >= 0
+    assert timing["ops_per_step"] >= sum(calls for _, ms, calls in timing["top_ops"] if ms > 0) > 0
+
+
+def test_gpu_check_skips_what_would_end_past_its_time_budget(tmp_path):
+    # 100 s leave room for eager runs of tiny models, not for a first compile (150 s assumed).
+    path = tmp_path / "gpu_check.json"
+    gpu_check.main(["--dry-run", "--device", "cpu", "--models", "smollm2", "--time-budget-s", "100",
+                    "--json", str(path)])
+    result = json.loads(path.read_text())
+    assert [t["compiled"] for t in result["timings"]] == [False, False]
+    skipped = [s["case"] if s["case"] == "spec_vs_plain" else (s["case"]["batch_size"], s["compiled"])
+               for s in result["skipped"]]
+    assert skipped == [(1, True), (4, True), "spec_vs_plain"]
+    gpu_check.main(["--dry-run", "--device", "cpu", "--time-budget-s", "0", "--json", str(path)])
+    result = json.loads(path.read_text())
+    assert result["timings"] == [] and len(result["skipped"]) == 7 and result["skipped"][-1]["case"] == "spec_vs_plain"
 
 
 def test_profile_counts_the_decoder_matmuls_of_every_step():
     # Which ops rank in the top 15 depends on the machine, so count them over every op.
     model = gpu_check.random_model({"qkv_bias": True}, torch.float32, torch.device("cpu"))
     engine = RolloutEngine(model, compile=False)
-    ops = gpu_check.profile_ops(
+    ops, ops_per_step = gpu_check.profile_ops(
         engine, [[1, 2, 3], [4, 5, 6]], SamplingParams(max_new_tokens=4, seed=0), torch.device("cpu"), top=10_000)
     # The matmul kernel's name depends on the CPU and dtype (oneDNN's prepacked linear or aten's).
     matmuls = sum(calls for name, _, calls in ops if name in ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise"))
     assert matmuls >= 2 * 4  # per step: qkv, output and MLP projections of each of the 2 layers
+    assert ops_per_step == pytest.approx(sum(calls for _, ms, calls in ops if ms > 0))
 
 
 def test_sampler_and_learner_agree_in_fp32_and_drift_apart_in_bf16():

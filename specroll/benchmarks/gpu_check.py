@@ -6,10 +6,14 @@ weight-read floor (parameter bytes / copy bandwidth) and the matmul floor (the s
 the best matmul throughput). Shapes: SmolLM2-135M (its weights when installed, else random
 weights of its shape) at batch 1 and 32, Qwen2.5-1.5B's shape with random weights in bf16 at
 batch 64. Then `spec_vs_plain` quick, eager and compiled, where SmolLM2's weights exist.
+Each case also names the attention kernel its decode steps run on; `--profile` adds the
+costliest device ops of a step and how many ops a step launches.
 On a fresh H200 each compiled shape takes 1.5-2.5 minutes to compile, so the whole check runs
-about 10 minutes; `--models` splits it over calls. `--dry-run` runs tiny models on the CPU.
+about 10 minutes; `--models` orders and splits it, and `--time-budget-s` skips (and names in
+the JSON) whatever would end past the budget. `--dry-run` runs tiny models on the CPU.
 
     python -m specroll.benchmarks.gpu_check --json gpu_check.json
+    python -m specroll.benchmarks.gpu_check --models qwen2.5-1.5b smollm2 --profile --time-budget-s 420
     python -m specroll.benchmarks.gpu_check --dry-run --json /tmp/gpu_check.json
 """
 from __future__ import annotations
@@ -58,11 +62,34 @@ class Timing:
     compile_s: float  # in the warm-up call
     weight_floor_ms: float
     matmul_floor_ms: float
+    attention_kernels: dict | None = None  # the SDPA kernel a decode step's attention runs on, and masked GQA's
     top_ops: list | None = None  # with --profile: (op, ms, calls) per decode step, prefill included
+    ops_per_step: float | None = None  # with --profile: device ops (GPU kernels on CUDA) per decode step
 
     def record(self) -> dict:
         return asdict(self) | {"times_weight_floor": self.decode_ms_per_step / self.weight_floor_ms,
                                "times_matmul_floor": self.decode_ms_per_step / self.matmul_floor_ms}
+
+
+class TimeBudget:
+    """Whether a run of some kind would still end inside `seconds` from now, judged by the longest
+    run of that kind so far (a compiled run, or spec_vs_plain, which compiles too, at least
+    `FIRST_COMPILED_S`: compiling takes minutes on a fresh GPU machine). None: no limit."""
+
+    FIRST_COMPILED_S = 150.0
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.started = time.perf_counter()
+        self.longest: dict = {True: self.FIRST_COMPILED_S, "spec_vs_plain": self.FIRST_COMPILED_S}
+
+    def exhausted(self, kind) -> bool:
+        if self.seconds is None:
+            return False
+        return time.perf_counter() - self.started + self.longest.get(kind, 0.0) > self.seconds
+
+    def spent(self, kind, seconds: float) -> None:
+        self.longest[kind] = max(self.longest.get(kind, 0.0), seconds)
 
 
 def random_model(shape: dict, dtype: torch.dtype, device: torch.device):
@@ -85,9 +112,11 @@ def smollm2(policy: str, dtype: torch.dtype, device: torch.device, dry_run: bool
         return random_model(SMOLLM2_SHAPE, dtype, device), "smollm2-135m-shape"
 
 
-def profile_ops(engine: RolloutEngine, prompts, params: SamplingParams, device: torch.device, top: int = 15) -> list:
+def profile_ops(engine: RolloutEngine, prompts, params: SamplingParams, device: torch.device,
+                top: int = 15) -> tuple[list, float]:
     """(op, milliseconds per decode step, calls per decode step) of the `top` ops by self time on
-    the device (GPU kernels on CUDA, CPU ops elsewhere) over one more generate call, prefill included."""
+    the device (GPU kernels on CUDA, CPU ops elsewhere) over one more generate call, prefill
+    included; and how many such ops a step runs in all (on a GPU each costs microseconds however small)."""
     from torch.profiler import ProfilerActivity, profile
 
     on_cuda = device.type == "cuda"
@@ -96,8 +125,27 @@ def profile_ops(engine: RolloutEngine, prompts, params: SamplingParams, device: 
         synchronize(device)
     steps = max(out.stats["steps"], 1)
     key = "self_device_time_total" if on_cuda else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
-    return [(e.key, getattr(e, key) / 1e3 / steps, e.count / steps) for e in events]
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    ran = sum(e.count for e in events if getattr(e, key) > 0)
+    return [(e.key, getattr(e, key) / 1e3 / steps, e.count / steps) for e in events[:top]], ran / steps
+
+
+def attention_kernels(model, case: Case, device: torch.device) -> dict:
+    """Which SDPA kernel a decode step's attention runs on at this case's largest span: the
+    model's grouped call, and masked grouped-query attention (`enable_gqa`) for comparison."""
+    from torch.nn.attention import SDPBackend
+
+    cfg = model.config
+    dtype = getattr(torch, case.dtype)
+    span = case.prompt_len + case.new_tokens
+    groups = cfg.num_heads // cfg.num_kv_heads
+    q = torch.zeros(case.batch_size, cfg.num_heads, 1, cfg.head_dim, dtype=dtype, device=device)
+    kv = torch.zeros(case.batch_size, cfg.num_kv_heads, span, cfg.head_dim, dtype=dtype, device=device)
+    mask = torch.ones(case.batch_size, 1, 1, span, dtype=torch.bool, device=device)
+    grouped_q = q.reshape(case.batch_size, cfg.num_kv_heads, groups, cfg.head_dim)
+    names = {int(member.value): name.lower() for name, member in SDPBackend.__members__.items()}
+    return {"grouped": names[torch._fused_sdp_choice(grouped_q, kv, kv, mask.repeat(1, 1, groups, 1))],
+            "masked_gqa": names[torch._fused_sdp_choice(q, kv, kv, mask, enable_gqa=groups > 1)]}
 
 
 def time_case(model, case: Case, compiled: bool, floors: dict, device: torch.device, profile: bool = False) -> Timing:
@@ -117,9 +165,10 @@ def time_case(model, case: Case, compiled: bool, floors: dict, device: torch.dev
     context = case.prompt_len + case.new_tokens / 2
     matmul_floor_s = decode_step_flops(model, rows, context) / (floors["matmul_gflops"] * 1e9)
     weight_floor_s = weight_bytes_per_step(model) / (floors["bandwidth_gbs"] * 1e9)
+    top_ops, ops_per_step = profile_ops(engine, prompts, params, device) if profile else (None, None)
     return Timing(case, compiled, decode_s / steps * 1e3, (out.stats["tokens"] - case.batch_size) / decode_s,
                   out.stats["prefill_s"], warm.stats.get("compile_s", 0.0), weight_floor_s * 1e3, matmul_floor_s * 1e3,
-                  profile_ops(engine, prompts, params, device) if profile else None)
+                  attention_kernels(model, case, device), top_ops, ops_per_step)
 
 
 def measure_floors(device: torch.device, dtypes: set[str], dry_run: bool) -> dict:
@@ -153,7 +202,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-compile", action="store_true", help="eager only")
     parser.add_argument("--no-spec", action="store_true", help="skip spec_vs_plain")
     parser.add_argument("--profile", action="store_true", help="also record each case's costliest ops per step")
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS, help="shapes to time")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS,
+                        help="shapes to time, in this order")
+    parser.add_argument("--time-budget-s", type=float, default=None,
+                        help="skip (and name in the JSON) every run that would end past this many seconds, "
+                             "judged by the longest run of its kind so far")
     parser.add_argument("--policy", default=SMOLLM2,
                         help="SmolLM2-135M-Instruct's weights: the alias, or a GGUF file / HF directory of them")
     return parser.parse_args(argv)
@@ -175,7 +228,8 @@ def main(argv=None) -> dict:
     cases = [case for name in args.models for case in by_model[name]]
     floors = measure_floors(device, {c.dtype for c, _ in cases}, args.dry_run)
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "floors": floors, "timings": [], "errors": []}
+              "torch": torch.__version__, "floors": floors, "timings": [], "errors": [], "skipped": []}
+    budget = TimeBudget(args.time_budget_s)
 
     def write() -> None:
         args.json.write_text(json.dumps(result, indent=1))
@@ -191,19 +245,28 @@ def main(argv=None) -> dict:
         case.model = name
         case_floors = {"bandwidth_gbs": floors["bandwidth_gbs"], "matmul_gflops": floors["matmul_gflops_by_dtype"][case.dtype]}
         for compiled in (False,) if args.no_compile else (False, True):
+            if budget.exhausted(compiled):
+                result["skipped"].append({"case": asdict(case), "compiled": compiled, "why": "time budget"})
+                print(f"skipped {name} batch {case.batch_size} {'compiled' if compiled else 'eager'}: time budget")
+                continue
+            started = time.perf_counter()
             try:
                 timing = time_case(model, case, compiled, case_floors, device, args.profile)
             except Exception:  # one failing case must not lose the others' measurements
                 result["errors"].append({"case": asdict(case), "compiled": compiled, "error": traceback.format_exc()})
                 print(result["errors"][-1]["error"])
                 continue
+            finally:
+                budget.spent(compiled, time.perf_counter() - started)
             result["timings"].append(timing.record())
             print(f"{name} {case.dtype} batch {case.batch_size} {'compiled' if compiled else 'eager'}: "
                   f"{timing.decode_ms_per_step:.2f} ms/step ({timing.decode_tokens_per_s:.0f} tok/s), "
                   f"{timing.decode_ms_per_step / timing.weight_floor_ms:.2f}x weight floor, "
                   f"{timing.decode_ms_per_step / timing.matmul_floor_ms:.2f}x matmul floor, compile {timing.compile_s:.0f} s")
             write()
-    if not args.no_spec:
+    if not args.no_spec and budget.exhausted("spec_vs_plain"):
+        result["skipped"].append({"case": "spec_vs_plain", "why": "time budget"})
+    elif not args.no_spec:
         try:
             result["spec_vs_plain"] = spec_vs_plain_quick(args.policy, device, args.dry_run)
         except Exception:
