@@ -72,24 +72,24 @@ class Timing:
 
 
 class TimeBudget:
-    """Whether a run of some kind would still end inside `seconds` from now, judged by the longest
-    run of that kind so far (a compiled run, or spec_vs_plain, which compiles too, at least
-    `FIRST_COMPILED_S`: compiling takes minutes on a fresh GPU machine). None: no limit."""
+    """Whether a run of a kind ("eager", "compiled", "spec_vs_plain") would still end inside
+    `seconds` from now, judged by the longest run of that kind so far; compiling kinds count at
+    least `FIRST_COMPILED_S`, as compiling takes minutes on a fresh GPU machine. None: no limit."""
 
     FIRST_COMPILED_S = 150.0
 
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
         self.started = time.perf_counter()
-        self.longest: dict = {True: self.FIRST_COMPILED_S, "spec_vs_plain": self.FIRST_COMPILED_S}
+        self.longest = {"eager": 0.0, "compiled": self.FIRST_COMPILED_S, "spec_vs_plain": self.FIRST_COMPILED_S}
 
-    def exhausted(self, kind) -> bool:
+    def exhausted(self, kind: str) -> bool:
         if self.seconds is None:
             return False
-        return time.perf_counter() - self.started + self.longest.get(kind, 0.0) > self.seconds
+        return time.perf_counter() - self.started + self.longest[kind] > self.seconds
 
-    def spent(self, kind, seconds: float) -> None:
-        self.longest[kind] = max(self.longest.get(kind, 0.0), seconds)
+    def spent(self, kind: str, seconds: float) -> None:
+        self.longest[kind] = max(self.longest[kind], seconds)
 
 
 def random_model(shape: dict, dtype: torch.dtype, device: torch.device):
@@ -245,9 +245,10 @@ def main(argv=None) -> dict:
         case.model = name
         case_floors = {"bandwidth_gbs": floors["bandwidth_gbs"], "matmul_gflops": floors["matmul_gflops_by_dtype"][case.dtype]}
         for compiled in (False,) if args.no_compile else (False, True):
-            if budget.exhausted(compiled):
+            kind = "compiled" if compiled else "eager"
+            if budget.exhausted(kind):
                 result["skipped"].append({"case": asdict(case), "compiled": compiled, "why": "time budget"})
-                print(f"skipped {name} batch {case.batch_size} {'compiled' if compiled else 'eager'}: time budget")
+                print(f"skipped {name} batch {case.batch_size} {kind}: time budget")
                 continue
             started = time.perf_counter()
             try:
@@ -257,9 +258,9 @@ def main(argv=None) -> dict:
                 print(result["errors"][-1]["error"])
                 continue
             finally:
-                budget.spent(compiled, time.perf_counter() - started)
+                budget.spent(kind, time.perf_counter() - started)
             result["timings"].append(timing.record())
-            print(f"{name} {case.dtype} batch {case.batch_size} {'compiled' if compiled else 'eager'}: "
+            print(f"{name} {case.dtype} batch {case.batch_size} {kind}: "
                   f"{timing.decode_ms_per_step:.2f} ms/step ({timing.decode_tokens_per_s:.0f} tok/s), "
                   f"{timing.decode_ms_per_step / timing.weight_floor_ms:.2f}x weight floor, "
                   f"{timing.decode_ms_per_step / timing.matmul_floor_ms:.2f}x matmul floor, compile {timing.compile_s:.0f} s")
