@@ -22,6 +22,7 @@ def test_gpu_check_dry_run_times_every_case_against_its_floors(tmp_path):
         assert timing["times_weight_floor"] == timing["decode_ms_per_step"] / timing["weight_floor_ms"]
         # On a CPU both calls run the flash kernel; on a GPU masked grouped-query attention has none.
         assert timing["attention_kernels"] == {"grouped": "flash_attention", "masked_gqa": "flash_attention"}
+        assert timing["cudagraph_skips"] == []  # no CUDA graphs are attempted on a CPU
     assert result["spec_vs_plain"] == {"skipped": "dry run"} and result["skipped"] == []
 
     # --models splits the check (each compiled shape takes minutes on a fresh GPU machine).
@@ -48,6 +49,16 @@ def test_gpu_check_skips_what_would_end_past_its_time_budget(tmp_path):
     gpu_check.main(["--dry-run", "--device", "cpu", "--time-budget-s", "0", "--json", str(path)])
     result = json.loads(path.read_text())
     assert result["timings"] == [] and len(result["skipped"]) == 7 and result["skipped"][-1]["case"] == "spec_vs_plain"
+
+
+def test_cudagraph_skips_collects_the_reasons_inductor_logs_while_open():
+    # Inductor's own reporting function, so a renamed logger in a later torch fails here.
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    with gpu_check.cudagraph_skips() as skips:
+        log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (1 instances)")
+    log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to cpu device")
+    assert skips == ["skipping cudagraphs due to mutated inputs (1 instances)"]
 
 
 def test_profile_counts_the_decoder_matmuls_of_every_step():

@@ -6,8 +6,9 @@ weight-read floor (parameter bytes / copy bandwidth) and the matmul floor (the s
 the best matmul throughput). Shapes: SmolLM2-135M (its weights when installed, else random
 weights of its shape) at batch 1 and 32, Qwen2.5-1.5B's shape with random weights in bf16 at
 batch 64. Then `spec_vs_plain` quick, eager and compiled, where SmolLM2's weights exist.
-Each case also names the attention kernel its decode steps run on; `--profile` adds the
-costliest device ops of a step and how many ops a step launches.
+Each case also names the attention kernel its decode steps run on and any reason inductor
+gave for skipping CUDA graphs; `--profile` adds the costliest device ops of a step and how
+many ops a step launches.
 On a fresh H200 each compiled shape takes 1.5-2.5 minutes to compile, so the whole check runs
 about 10 minutes; `--models` orders and splits it, and `--time-budget-s` skips (and names in
 the JSON) whatever would end past the budget. `--dry-run` runs tiny models on the CPU.
@@ -19,7 +20,9 @@ the JSON) whatever would end past the budget. `--dry-run` runs tiny models on th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -65,6 +68,7 @@ class Timing:
     attention_kernels: dict | None = None  # the SDPA kernel a decode step's attention runs on, and masked GQA's
     top_ops: list | None = None  # with --profile: (op, ms, calls) per decode step, prefill included
     ops_per_step: float | None = None  # with --profile: device ops (GPU kernels on CUDA) per decode step
+    cudagraph_skips: list | None = None  # why inductor ran a compiled step without CUDA graphs, if it did
 
     def record(self) -> dict:
         return asdict(self) | {"times_weight_floor": self.decode_ms_per_step / self.weight_floor_ms,
@@ -148,7 +152,42 @@ def attention_kernels(model, case: Case, device: torch.device) -> dict:
             "masked_gqa": names[torch._fused_sdp_choice(q, kv, kv, mask, enable_gqa=groups > 1)]}
 
 
+# Inductor says here why it skips CUDA graphs for a graph (an artifact log, off by default:
+# it does not reach the root logger, but a handler of its own sees it).
+CUDAGRAPH_LOG = "torch._inductor.cudagraph_utils.__cudagraphs"
+
+
+class MessageList(logging.Handler):
+    """A log handler that keeps the messages of warnings and worse."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def cudagraph_skips():
+    """Collects, into the yielded list, the reasons inductor gives for running a graph without
+    CUDA graphs: a compiled GPU step that skips them is launch-bound however fast its kernels."""
+    handler, log = MessageList(), logging.getLogger(CUDAGRAPH_LOG)
+    log.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        log.removeHandler(handler)
+
+
 def time_case(model, case: Case, compiled: bool, floors: dict, device: torch.device, profile: bool = False) -> Timing:
+    with cudagraph_skips() as skips:
+        timing = time_calls(model, case, compiled, floors, device, profile)
+    timing.cudagraph_skips = skips
+    return timing
+
+
+def time_calls(model, case: Case, compiled: bool, floors: dict, device: torch.device, profile: bool) -> Timing:
     engine = RolloutEngine(model, compile=compiled)
     generator = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, model.config.vocab_size, (case.batch_size, case.prompt_len), generator=generator).tolist()
@@ -264,6 +303,8 @@ def main(argv=None) -> dict:
                   f"{timing.decode_ms_per_step:.2f} ms/step ({timing.decode_tokens_per_s:.0f} tok/s), "
                   f"{timing.decode_ms_per_step / timing.weight_floor_ms:.2f}x weight floor, "
                   f"{timing.decode_ms_per_step / timing.matmul_floor_ms:.2f}x matmul floor, compile {timing.compile_s:.0f} s")
+            for reason in timing.cudagraph_skips:
+                print(f"  {reason}")
             write()
     if not args.no_spec and budget.exhausted("spec_vs_plain"):
         result["skipped"].append({"case": "spec_vs_plain", "why": "time budget"})
