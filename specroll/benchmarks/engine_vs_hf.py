@@ -8,8 +8,9 @@ and including EOS, never padding: tokens/s = generated tokens / wall time of the
 At batch 1 a decode step cannot be faster than reading every weight once, so the measured
 step time is also compared with that floor: parameter bytes / measured memory bandwidth. At
 the largest batch it is compared with the matmul floor: the step's FLOPs / the best measured
-matmul throughput. Both use decode steps alone (prefill reported apart). `--compile` adds
-our engine with the compiled decode step, run alongside the eager one.
+matmul throughput in the same dtype. Both use decode steps alone (prefill reported apart).
+`--compile` adds our engine with the compiled decode step, run alongside the eager one;
+`--dtype bfloat16` runs both systems in bf16 (fast on CPUs with AMX or AVX-512 BF16).
 
     python -m specroll.benchmarks.engine_vs_hf --batch-sizes 1 8 32 --max-new-tokens 128 --compile --json out.json
 """
@@ -34,6 +35,7 @@ DEFAULT_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k
 WARMUP_TOKENS = 8
 
 
+DTYPES = ("float32", "bfloat16")
 SYSTEMS = ("ours", "compiled", "hf")  # our engine eager, our engine with the compiled step, transformers
 
 
@@ -165,6 +167,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="also profile one batch-1 rollout of ours")
     parser.add_argument("--compile", action="store_true", help="also run our engine with the compiled decode step")
     parser.add_argument("--sync-every", type=int, default=8, help="our engine's steps between host reads")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="weights and activations of both systems")
     args = parser.parse_args(argv)
     for name in ("max_new_tokens", "repeats", "sync_every"):
         if getattr(args, name) < 1:
@@ -183,8 +186,9 @@ def main(argv=None) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    model, tokenizer = load_causal_lm(MODEL, dtype="float32", device=device)
-    hf_model = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(MODEL), dtype=torch.float32).to(device).eval()
+    dtype = getattr(torch, args.dtype)
+    model, tokenizer = load_causal_lm(MODEL, dtype=args.dtype, device=device)
+    hf_model = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(MODEL), dtype=dtype).to(device).eval()
     systems = ["ours", "compiled", "hf"] if args.compile else ["ours", "hf"]
     engines = {"ours": RolloutEngine(model, tokenizer, sync_every=args.sync_every)}
     if args.compile:
@@ -219,7 +223,7 @@ def main(argv=None) -> dict:
                 bar.write(f"  batch {b:>3} {system:>4} #{repeat + 1}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tok/s")
 
     table = summarise(runs, args.batch_sizes, systems)
-    print(f"\nSmolLM2-135M-Instruct fp32 on {device} ({torch.get_num_threads()} threads), prompts: {source}, "
+    print(f"\nSmolLM2-135M-Instruct {args.dtype} on {device} ({torch.get_num_threads()} threads), prompts: {source}, "
           f"max_new_tokens {args.max_new_tokens}, {args.repeats} timed runs each, sync every {args.sync_every} steps")
     print(f"{'batch':>5}  " + "  ".join(f"{s + ' tok/s':>14}" for s in systems) + f"  {'ours/hf':>7}"
           + (f"  {'compiled/hf':>11}" if args.compile else ""))
@@ -228,7 +232,7 @@ def main(argv=None) -> dict:
               + f"  {row['ratio']:>7.2f}" + (f"  {row['compiled_ratio']:>11.2f}" if args.compile else ""))
 
     result = {
-        "model": MODEL, "device": str(device), "dtype": "float32", "threads": torch.get_num_threads(),
+        "model": MODEL, "device": str(device), "dtype": args.dtype, "threads": torch.get_num_threads(),
         "prompts": source, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
         "sync_every": args.sync_every, "compile_s": compile_s,
         "results": table, "runs": [run_record(r) for r in runs], "complete": True,
@@ -254,14 +258,14 @@ def main(argv=None) -> dict:
         print(f"batch-1 wall per token, hf: {hf_s * 1e3:.1f} ms = {hf_s / floor_s:.2f}x the floor (prefill included)")
     largest = max(args.batch_sizes)
     if largest > 1:
-        gflops = matmul_gflops(device)
+        gflops = matmul_gflops(device, dtype)
         result["matmul_floor"] = {"batch_size": largest, "matmul_gflops": gflops}
         context = sum(len(p) for p in prompts[:largest]) / largest + args.max_new_tokens / 2
         for system in ours:
             step_s, prefill_s, live = decode_step_seconds(runs, largest, system)
             floor_s = decode_step_flops(model, live, context) / (gflops * 1e9)
             print(f"batch-{largest} decode step, {system}: {step_s * 1e3:.1f} ms for {live:.1f} live rows = "
-                  f"{step_s / floor_s:.2f}x the fp32 matmul floor ({floor_s * 1e3:.1f} ms at {gflops:.0f} GFLOP/s); "
+                  f"{step_s / floor_s:.2f}x the {args.dtype} matmul floor ({floor_s * 1e3:.1f} ms at {gflops:.0f} GFLOP/s); "
                   f"prefill {prefill_s:.2f} s per call, apart")
             result["matmul_floor"][system] = {"decode_step_ms": step_s * 1e3, "floor_ms": floor_s * 1e3,
                                               "times_floor": step_s / floor_s, "live_rows": live, "prefill_s": prefill_s}
