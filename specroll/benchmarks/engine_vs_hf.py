@@ -10,7 +10,8 @@ step time is also compared with that floor: parameter bytes / measured memory ba
 the largest batch it is compared with the matmul floor: the step's FLOPs / the best measured
 matmul throughput in the same dtype. Both use decode steps alone (prefill reported apart).
 `--compile` adds our engine with the compiled decode step, run alongside the eager one;
-`--dtype bfloat16` runs both systems in bf16 (fast on CPUs with AMX or AVX-512 BF16).
+`--dtype bfloat16` runs every system in bf16 (fast on CPUs with AMX or AVX-512 BF16), and
+`--dtype float32 bfloat16` runs both dtypes alternately and prints bf16's speed over fp32.
 
     python -m specroll.benchmarks.engine_vs_hf --batch-sizes 1 8 32 --max-new-tokens 128 --compile --json out.json
 """
@@ -49,6 +50,7 @@ class Run:
     steps: int  # decode steps: the longest response
     prefill_s: float | None = None  # ours: prompt prefill and the first token, inside wall_s
     live_rows: float | None = None  # ours: mean unfinished rows per decode step
+    dtype: str = "float32"  # of the weights and activations
 
     @property
     def tokens_per_s(self) -> float:
@@ -167,7 +169,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="also profile one batch-1 rollout of ours")
     parser.add_argument("--compile", action="store_true", help="also run our engine with the compiled decode step")
     parser.add_argument("--sync-every", type=int, default=8, help="our engine's steps between host reads")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="weights and activations of both systems")
+    parser.add_argument("--dtype", nargs="+", default=["float32"], choices=DTYPES,
+                        help="weights and activations of every system; two dtypes run side by side, alternating")
     args = parser.parse_args(argv)
     for name in ("max_new_tokens", "repeats", "sync_every"):
         if getattr(args, name) < 1:
@@ -176,6 +179,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--batch-sizes must all be >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
+    if len(set(args.dtype)) < len(args.dtype):
+        parser.error("--dtype lists a dtype twice")
     return args
 
 
@@ -186,60 +191,80 @@ def main(argv=None) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    dtype = getattr(torch, args.dtype)
-    model, tokenizer = load_causal_lm(MODEL, dtype=args.dtype, device=device)
-    hf_model = AutoModelForCausalLM.from_pretrained(resolve_checkpoint(MODEL), dtype=dtype).to(device).eval()
     systems = ["ours", "compiled", "hf"] if args.compile else ["ours", "hf"]
-    engines = {"ours": RolloutEngine(model, tokenizer, sync_every=args.sync_every)}
-    if args.compile:
-        engines["compiled"] = RolloutEngine(model, tokenizer, compile=True, sync_every=args.sync_every)
-    engine = engines["ours"]
+    # Per dtype: our model, transformers' model and our engines (eager, compiled).
+    models, hf_models, engines = {}, {}, {}
+    for dtype in args.dtype:
+        model, tokenizer = load_causal_lm(MODEL, dtype=dtype, device=device)
+        models[dtype] = model
+        hf_models[dtype] = AutoModelForCausalLM.from_pretrained(
+            resolve_checkpoint(MODEL), dtype=getattr(torch, dtype)).to(device).eval()
+        engines[dtype, "ours"] = RolloutEngine(model, tokenizer, sync_every=args.sync_every)
+        if args.compile:
+            engines[dtype, "compiled"] = RolloutEngine(model, tokenizer, compile=True, sync_every=args.sync_every)
     eos_ids = list(model.config.eos_token_ids)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     prompts, source = load_prompts(tokenizer, max(args.batch_sizes), args.gsm8k)
 
-    def one(system: str, batch: list[list[int]], max_new_tokens: int, seed: int):
-        if system in engines:
-            return run_ours(engines[system], batch, max_new_tokens, seed, device)
-        return run_hf(hf_model, batch, max_new_tokens, seed, device, eos_ids, pad_id)
+    def one(dtype: str, system: str, batch: list[list[int]], max_new_tokens: int, seed: int):
+        if (dtype, system) in engines:
+            return run_ours(engines[dtype, system], batch, max_new_tokens, seed, device)
+        return run_hf(hf_models[dtype], batch, max_new_tokens, seed, device, eos_ids, pad_id)
 
     runs: list[Run] = []
     compile_s = 0.0
-    schedule = [(b, r, s) for b in args.batch_sizes for r in range(-1, args.repeats) for s in systems]
+    # Dtypes alternate inside each repeat like the systems, so machine load hits them alike.
+    schedule = [(b, r, d, s) for b in args.batch_sizes for r in range(-1, args.repeats) for d in args.dtype
+                for s in systems]
     with tqdm(schedule, desc="engine vs hf", unit="run") as bar:
-        for b, repeat, system in bar:
+        for b, repeat, dtype, system in bar:
             warmup = repeat < 0
-            bar.set_postfix_str(f"batch {b} {system}{' warm-up' if warmup else f' #{repeat + 1}'}")
+            bar.set_postfix_str(f"batch {b} {dtype} {system}{' warm-up' if warmup else f' #{repeat + 1}'}")
             # A compiled warm-up decodes as far as a timed run, so every shape compiles there.
             length = WARMUP_TOKENS if warmup and system != "compiled" else args.max_new_tokens
-            tokens, wall, steps, stats = one(system, prompts[:b], length, max(repeat, 0))
+            tokens, wall, steps, stats = one(dtype, system, prompts[:b], length, max(repeat, 0))
             compile_s += stats.get("compile_s", 0.0)
             if not warmup:
                 live = stats.get("active_rows_per_step")
                 runs.append(Run(system, b, repeat, tokens, wall, stats.get("steps", steps), stats.get("prefill_s"),
-                                sum(live) / max(len(live), 1) if live is not None else None))
+                                sum(live) / max(len(live), 1) if live is not None else None, dtype))
                 if args.json:  # a long run that gets interrupted still leaves its measurements
                     args.json.write_text(json.dumps({"complete": False, "runs": [run_record(r) for r in runs]}, indent=2))
-                bar.write(f"  batch {b:>3} {system:>4} #{repeat + 1}: {tokens} tokens in {wall:.2f} s = {tokens / wall:.1f} tok/s")
+                bar.write(f"  batch {b:>3} {dtype} {system:>4} #{repeat + 1}: {tokens} tokens in {wall:.2f} s "
+                          f"= {tokens / wall:.1f} tok/s")
 
+    result = {
+        "model": MODEL, "device": str(device), "dtypes": args.dtype, "threads": torch.get_num_threads(),
+        "prompts": source, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+        "sync_every": args.sync_every, "compile_s": compile_s, "runs": [run_record(r) for r in runs], "complete": True,
+        "by_dtype": {d: report(d, models[d], [r for r in runs if r.dtype == d], systems, args, prompts, source, device)
+                     for d in args.dtype},
+    }
+    if args.compile:
+        print(f"compilation: {compile_s:.1f} s in the warm-up calls (cached on disk for later runs)")
+    if len(args.dtype) > 1:
+        result["dtype_speedups"] = dtype_speedups(runs, args.dtype, systems, args.batch_sizes)
+    if args.profile:
+        print("\nours, batch 1, top ops by self CPU time:")
+        print(profile_batch_one(engines[args.dtype[0], "ours"], prompts[0], min(args.max_new_tokens, 32)))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return result
+
+
+def report(dtype: str, model, runs: list[Run], systems: list[str], args, prompts, source: str, device) -> dict:
+    """Print and return one dtype's results: tokens/s per system, and decode steps against the floors."""
     table = summarise(runs, args.batch_sizes, systems)
-    print(f"\nSmolLM2-135M-Instruct {args.dtype} on {device} ({torch.get_num_threads()} threads), prompts: {source}, "
+    print(f"\nSmolLM2-135M-Instruct {dtype} on {device} ({torch.get_num_threads()} threads), prompts: {source}, "
           f"max_new_tokens {args.max_new_tokens}, {args.repeats} timed runs each, sync every {args.sync_every} steps")
     print(f"{'batch':>5}  " + "  ".join(f"{s + ' tok/s':>14}" for s in systems) + f"  {'ours/hf':>7}"
           + (f"  {'compiled/hf':>11}" if args.compile else ""))
     for row in table:
         print(f"{row['batch_size']:>5}  " + "  ".join(f"{row[s + '_tok_s']:>14.1f}" for s in systems)
               + f"  {row['ratio']:>7.2f}" + (f"  {row['compiled_ratio']:>11.2f}" if args.compile else ""))
-
-    result = {
-        "model": MODEL, "device": str(device), "dtype": args.dtype, "threads": torch.get_num_threads(),
-        "prompts": source, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-        "sync_every": args.sync_every, "compile_s": compile_s,
-        "results": table, "runs": [run_record(r) for r in runs], "complete": True,
-    }
+    result = {"results": table}
     ours = [s for s in systems if s != "hf"]
-    if args.compile:
-        print(f"compilation: {compile_s:.1f} s in the warm-up calls (cached on disk for later runs)")
     if 1 in args.batch_sizes:
         bandwidth = memory_bandwidth_gbs(device)
         weight_bytes = weight_bytes_per_step(model)
@@ -258,24 +283,50 @@ def main(argv=None) -> dict:
         print(f"batch-1 wall per token, hf: {hf_s * 1e3:.1f} ms = {hf_s / floor_s:.2f}x the floor (prefill included)")
     largest = max(args.batch_sizes)
     if largest > 1:
-        gflops = matmul_gflops(device, dtype)
+        gflops = matmul_gflops(device, getattr(torch, dtype))
         result["matmul_floor"] = {"batch_size": largest, "matmul_gflops": gflops}
         context = sum(len(p) for p in prompts[:largest]) / largest + args.max_new_tokens / 2
         for system in ours:
             step_s, prefill_s, live = decode_step_seconds(runs, largest, system)
             floor_s = decode_step_flops(model, live, context) / (gflops * 1e9)
             print(f"batch-{largest} decode step, {system}: {step_s * 1e3:.1f} ms for {live:.1f} live rows = "
-                  f"{step_s / floor_s:.2f}x the {args.dtype} matmul floor ({floor_s * 1e3:.1f} ms at {gflops:.0f} GFLOP/s); "
+                  f"{step_s / floor_s:.2f}x the {dtype} matmul floor ({floor_s * 1e3:.1f} ms at {gflops:.0f} GFLOP/s); "
                   f"prefill {prefill_s:.2f} s per call, apart")
             result["matmul_floor"][system] = {"decode_step_ms": step_s * 1e3, "floor_ms": floor_s * 1e3,
                                               "times_floor": step_s / floor_s, "live_rows": live, "prefill_s": prefill_s}
-    if args.profile:
-        print("\nours, batch 1, top ops by self CPU time:")
-        print(profile_batch_one(engine, prompts[0], min(args.max_new_tokens, 32)))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
     return result
+
+
+def call_speeds(runs: list[Run], batch_size: int, system: str, dtype: str) -> tuple[float, float | None, float | None]:
+    """(tokens/s of whole calls, seconds per decode step, prefill seconds per call) of one system
+    in one dtype; the last two for our engine only (None for transformers)."""
+    mine = [r for r in runs if r.batch_size == batch_size and r.system == system and r.dtype == dtype]
+    tokens_per_s = sum(r.tokens for r in mine) / sum(r.wall_s for r in mine)
+    if system == "hf":
+        return tokens_per_s, None, None
+    step_s, prefill_s, _ = decode_step_seconds(mine, batch_size, system)
+    return tokens_per_s, step_s, prefill_s
+
+
+def dtype_speedups(runs: list[Run], dtypes: list[str], systems: list[str], batch_sizes: list[int]) -> list[dict]:
+    """Print and return, per batch size and system, each later dtype's speed over the first one
+    (tokens/s of whole calls; for our engine also decode steps alone and prefill), measured side by side."""
+    base, rows = dtypes[0], []
+    print()
+    for b in batch_sizes:
+        for system in systems:
+            before = call_speeds(runs, b, system, base)
+            for dtype in dtypes[1:]:
+                after = call_speeds(runs, b, system, dtype)
+                row = {"batch_size": b, "system": system, "dtype": dtype, "over": base,
+                       "tokens_per_s_ratio": after[0] / before[0]}
+                line = f"{dtype} over {base}, batch {b} {system}: tokens/s {row['tokens_per_s_ratio']:.2f}x"
+                if system != "hf":
+                    row |= {"decode_step_speedup": before[1] / after[1], "prefill_speedup": before[2] / after[2]}
+                    line += f", decode step {row['decode_step_speedup']:.2f}x, prefill {row['prefill_speedup']:.2f}x"
+                rows.append(row)
+                print(line)
+    return rows
 
 
 if __name__ == "__main__":
