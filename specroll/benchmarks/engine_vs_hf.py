@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from ..data import SyntheticConfig, format_prompt, generate_synthetic, load_gsm8k
 from ..models import load_causal_lm, resolve_checkpoint, resolve_device, synchronize
+from ..models.loading import DTYPES
 from ..rollout import RolloutEngine, SamplingParams
 from .floors import decode_step_flops, matmul_gflops, memory_bandwidth_gbs, weight_bytes_per_step
 
@@ -36,7 +37,6 @@ DEFAULT_GSM8K = Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k
 WARMUP_TOKENS = 8
 
 
-DTYPES = ("float32", "bfloat16")
 SYSTEMS = ("ours", "compiled", "hf")  # our engine eager, our engine with the compiled step, transformers
 
 
@@ -169,7 +169,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="also profile one batch-1 rollout of ours")
     parser.add_argument("--compile", action="store_true", help="also run our engine with the compiled decode step")
     parser.add_argument("--sync-every", type=int, default=8, help="our engine's steps between host reads")
-    parser.add_argument("--dtype", nargs="+", default=["float32"], choices=DTYPES,
+    parser.add_argument("--dtype", nargs="+", default=["float32"], choices=tuple(DTYPES),
                         help="weights and activations of every system; two dtypes run side by side, alternating")
     args = parser.parse_args(argv)
     for name in ("max_new_tokens", "repeats", "sync_every"):
@@ -198,7 +198,7 @@ def main(argv=None) -> dict:
         model, tokenizer = load_causal_lm(MODEL, dtype=dtype, device=device)
         models[dtype] = model
         hf_models[dtype] = AutoModelForCausalLM.from_pretrained(
-            resolve_checkpoint(MODEL), dtype=getattr(torch, dtype)).to(device).eval()
+            resolve_checkpoint(MODEL), dtype=DTYPES[dtype]).to(device).eval()
         engines[dtype, "ours"] = RolloutEngine(model, tokenizer, sync_every=args.sync_every)
         if args.compile:
             engines[dtype, "compiled"] = RolloutEngine(model, tokenizer, compile=True, sync_every=args.sync_every)
@@ -283,7 +283,7 @@ def report(dtype: str, model, runs: list[Run], systems: list[str], args, prompts
         print(f"batch-1 wall per token, hf: {hf_s * 1e3:.1f} ms = {hf_s / floor_s:.2f}x the floor (prefill included)")
     largest = max(args.batch_sizes)
     if largest > 1:
-        gflops = matmul_gflops(device, getattr(torch, dtype))
+        gflops = matmul_gflops(device, DTYPES[dtype])
         result["matmul_floor"] = {"batch_size": largest, "matmul_gflops": gflops}
         context = sum(len(p) for p in prompts[:largest]) / largest + args.max_new_tokens / 2
         for system in ours:
