@@ -436,5 +436,7 @@ def test_cost_model_recovers_from_a_slow_first_draft(model, tmp_path, monkeypatc
     # A rare probe re-measures drafting, after which every step drafts and speculates.
     assert drafted_at[0] == RARE_PROBE_EVERY and set(budgets[:RARE_PROBE_EVERY]) == {1}
     assert drafted_at == list(range(RARE_PROBE_EVERY, len(budgets))) and min(budgets[RARE_PROBE_EVERY:]) > 1
-    assert max(decoder.drafting_s()) < 1.0
+    # Far below the cold 100 s; about 1 s stays, since this profile's plain step (1 s) dwarfs its
+    # tree steps (0.01 s) and the cost model counts the difference as a tree step's own work.
+    assert max(decoder.drafting_s()) < 2.0
 
