@@ -85,8 +85,8 @@ def linear_by_packed_copy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 
 # `linear_by_packed_copy` as one op that inductor leaves alone, so compiled steps use packed
-# weights too. Defined on a Library, not with `torch.library.custom_op`, whose Python wrapper
-# costs about 10 us a call: a step makes over a hundred of these calls.
+# weights too. Defined on a Library, not with `torch.library.custom_op`: a step makes over a
+# hundred of these calls, and custom_op's Python wrapper adds to every one.
 _library = torch.library.Library("specroll", "DEF")
 _library.define("prepacked_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
 _library.impl("prepacked_linear", linear_by_packed_copy, "CPU")
