@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from exactness import near_cutoff, reference_probs
 from scipy.stats import chisquare
 
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams, sampling_logprobs
-from specroll.rollout.sampling import CDF_BLOCK, first_above, inverse_cdf
+from specroll.rollout.sampling import CDF_BLOCK, first_above, inverse_cdf, nucleus_floor
 
 NEG_INF = float("-inf")
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0])
@@ -55,6 +57,39 @@ def test_logprobs_top_p():
     assert_logprobs(SamplingParams(top_p=0.5), [0.0, NEG_INF, NEG_INF, NEG_INF])
     # top_p 0.8: 0.644 < 0.8 keeps the second token; 0.881 >= 0.8 drops the third.
     assert_logprobs(SamplingParams(top_p=0.8), TOP_TWO)
+
+
+def test_top_p_keeps_tied_tokens_together_whether_or_not_the_candidates_hold_the_nucleus():
+    # Softmax of [1, 0, 1, -1] is [0.400, 0.147, 0.400, 0.054]: no token ranks above a tied best one.
+    tied = torch.tensor([1.0, 0.0, 1.0, -1.0])
+    for candidates in (2, 4):  # two candidates, then the whole row
+        # top_p 0.3: both best tokens have nothing above them; 0.80 is above the third.
+        assert nucleus_floor(tied, 0.3, candidates).item() == 1.0
+        # top_p 0.9: the two candidates hold 0.80 < 0.9, so the row is sorted whole: 0.80 above
+        # the third keeps it, 0.947 above the fourth drops it.
+        assert nucleus_floor(tied, 0.9, candidates).item() == 0.0
+    norm = math.log(2 * math.e + 1)
+    torch.testing.assert_close(sampling_logprobs(tied, SamplingParams(top_p=0.9)),
+                               torch.tensor([1 - norm, -norm, 1 - norm, NEG_INF]), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_the_nucleus_among_candidates_is_the_one_of_the_whole_sorted_row_and_of_the_rule(top_p):
+    """Rows from flat (the nucleus holds most of the 500 tokens) to peaked (a few): searched
+    among 16 candidates, sorted whole only where those may not hold the nucleus, the cut is the
+    one of sorting every row, and the kept tokens are the float64 rule's."""
+    generator = torch.Generator().manual_seed(0)
+    scales = torch.tensor([0.05, 0.5, 1.0, 2.0, 4.0, 8.0]).repeat_interleave(20)[:, None]
+    logits = torch.randn(len(scales), 500, generator=generator) * scales
+    floor = nucleus_floor(logits, top_p, candidates=16)
+    torch.testing.assert_close(floor, nucleus_floor(logits, top_p, candidates=500), rtol=0, atol=0)
+    kept = logits >= floor
+    sizes = kept.sum(-1)
+    assert (sizes < 16).any() and (sizes > 16).any(), "both the candidates and whole sorts are exercised"
+    expected = reference_probs(logits.numpy(), 1.0, top_p=top_p) > 0
+    clear = ~near_cutoff(logits.numpy(), 1.0, top_p=top_p, tolerance=1e-6)
+    assert clear.sum() > 0.9 * len(logits)
+    np.testing.assert_array_equal(kept.numpy()[clear], expected[clear])
 
 
 def test_logprobs_temperature_before_top_p():

@@ -19,7 +19,7 @@ import torch
 
 from exactness import DecisionRecorder, assert_plain_responses, bonferroni_min, decisions_of, exactness_pvalues, hf_oracle
 from specroll.models import build_tiny_model
-from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens
+from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens, sampling
 from specroll.spec import HorizonHeads, SpecConfig
 from specroll.spec.consolidation import ConsolidationConfig, HeadConsolidator
 from specroll.spec.drift import DriftConfig
@@ -78,6 +78,7 @@ class Setting:
     lookup: str = "learned"  # context lookup: "learned" estimates, chains ranked "first", or "off"
     n: int = 1500  # responses per prompt
     min_deep_share: float = 0.0  # kept tokens from decisions at depth >= 2 must be at least this share
+    nucleus_candidates: int | None = None  # top-p searched among this many tokens first (else 8 <= 128: rows sorted whole)
 
 
 SETTINGS = {
@@ -94,6 +95,11 @@ SETTINGS = {
                                                     lookup="first", n=600,
                                                     # Its trees follow measured timings, so machine load moves this share (2-5%).
                                                     min_deep_share=0.01),
+    # Top-p among 3 candidates, rows sorted whole only where those may not hold the nucleus; the
+    # plain responses it is compared with sort every row.
+    "t07-topp09-path-trained-fixed8-candidates3": Setting(dict(temperature=0.7, top_p=0.9), "path-trained",
+                                                          dict(budget="fixed", fixed_nodes=8), n=1000,
+                                                          min_deep_share=0.1, nucleus_candidates=3),
     "t12-topp095-medusa-trained-fixed8": Setting(dict(temperature=1.2, top_p=0.95), "medusa-trained",
                                                  dict(budget="fixed", fixed_nodes=8), min_deep_share=0.05),
     "t1-path-random-fixed4": Setting(dict(temperature=1.0), "path-random", dict(budget="fixed", fixed_nodes=4), n=3000),
@@ -135,7 +141,10 @@ def speculative_rollout(model, heads, setting: Setting, rule=verify_tree):
         engine.decoder.lookup_acceptance.momentum = 1.0
     recorder = DecisionRecorder(engine, [len(p) for p in PROMPTS], setting.n, rule)
     params = SamplingParams(n=setting.n, max_new_tokens=NEW_TOKENS, seed=0, **setting.sampling)
-    return engine.generate(PROMPTS, params), recorder, params
+    with pytest.MonkeyPatch.context() as patch:
+        if setting.nucleus_candidates is not None:
+            patch.setattr(sampling, "NUCLEUS_CANDIDATES", setting.nucleus_candidates)
+        return engine.generate(PROMPTS, params), recorder, params
 
 
 @pytest.fixture(scope="module", autouse=True)
