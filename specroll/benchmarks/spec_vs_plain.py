@@ -1,7 +1,7 @@
 """Plain vs speculative generation, side by side in one run (SPECROLL.md section 9).
 
 Same policy, prompts, seeds and sampling settings (temperature 1, top_p 1, max 256 new
-tokens by default) at several concurrencies (c prompts x 1 response) and on a GRPO-shaped
+tokens by default; `--temperature`, `--top-p`) at several concurrencies (c prompts x 1 response) and on a GRPO-shaped
 batch (8 prompts x 8 responses). Each setting alternates plain and speculative runs (which one
 goes first alternates too); the ratio's standard error is the spread of the repeats' ratios.
 Both engines sample the same responses for the same seed (spec/verify.py): the share that came
@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32])
     ap.add_argument("--grpo", default="8x8", help="prompts x responses, or '' to skip")
     ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass kept, in (0, 1]")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="auto")
@@ -157,8 +159,8 @@ def main(argv: list[str] | None = None) -> dict:
         pairs = []  # (plain, spec) tokens/s of each repeat
         same, responses = 0, 0  # speculative responses identical to the plain ones
         for r in range(args.repeats):
-            params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens,
-                                    n=n, seed=args.seed + r)
+            params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=0,
+                                    max_new_tokens=args.max_new_tokens, n=n, seed=args.seed + r)
             if mode == "compiled" and r == 0:  # compile the shapes of this setting before timing
                 plain_engine.generate(prompts, params)
                 spec_engine.generate(prompts, params)
@@ -208,7 +210,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.budget == "concurrency":
         budget += f" (C_hw {spec_engine.decoder.capacity})"
     print(f"\npolicy {args.policy}, heads {heads_path or 'untrained ' + args.head_type}, budget {budget}, "
-          f"context lookup {'off' if args.no_context_lookup else 'on'}, prompts from {source}, device {device}, {args.dtype}")
+          f"context lookup {'off' if args.no_context_lookup else 'on'}, prompts from {source}, device {device}, {args.dtype}, "
+          f"temperature {args.temperature}, top_p {args.top_p}")
     print(f"{'setting':>16} {'step':>8} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'± s.e.':>6} {'decode':>6} "
           f"{'tok/step':>8} {'oracle':>7} {'drafting':>8} {'lookup':>6} {'same':>5}  budget trace")
     for row in rows:
