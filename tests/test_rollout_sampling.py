@@ -92,6 +92,14 @@ def test_the_nucleus_among_candidates_is_the_one_of_the_whole_sorted_row_and_of_
     np.testing.assert_array_equal(kept.numpy()[clear], expected[clear])
 
 
+def test_a_compiled_nucleus_search_sorts_every_row_and_finds_the_same_cut():
+    """Compiled (as in the compiled decode step), every row is sorted whole: a fixed shape with no
+    host read, and the cut found among candidates on the CPU eager."""
+    logits = torch.randn(12, 300, generator=torch.Generator().manual_seed(1)) * torch.linspace(0.05, 6, 12)[:, None]
+    compiled = torch.compile(nucleus_floor, fullgraph=True)
+    torch.testing.assert_close(compiled(logits, 0.9, 16), nucleus_floor(logits, 0.9, 16), rtol=0, atol=0)
+
+
 def test_logprobs_temperature_before_top_p():
     # At temperature 0.5 the best token holds e^4 / (e^4 + e^2 + 1 + e^-2) = 0.865 >= 0.8.
     assert_logprobs(SamplingParams(temperature=0.5, top_p=0.8), [0.0, NEG_INF, NEG_INF, NEG_INF])
