@@ -64,9 +64,9 @@ def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     return torch.log_softmax(logits, dim=-1)
 
 
-# Sorting a 49k-token vocabulary takes ~5 ms a row on a CPU, and a verify pass samples at every
-# tree node: the nucleus is looked for among the most likely tokens first (a top-k, ~0.1 ms),
-# and only rows whose nucleus may reach past them are sorted whole.
+# Sorting a whole vocabulary is slow on a CPU, and a verify pass samples at every tree node: the
+# nucleus is looked for among the most likely tokens first (a top-k, cheap), and only rows whose
+# nucleus may reach past them are sorted whole (docs/guide.md, "Top-p on a CPU").
 NUCLEUS_CANDIDATES = 128
 # Probabilities in units of 2^-40 (finer than float32 resolves them): integer sums do not depend
 # on their order, so the candidates and the whole sorted row always give the same cut.
