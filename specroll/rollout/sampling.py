@@ -68,8 +68,8 @@ def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
 # nucleus is looked for among the most likely tokens first (a top-k, cheap), and only rows whose
 # nucleus may reach past them are sorted whole (docs/guide.md, "Top-p on a CPU").
 NUCLEUS_CANDIDATES = 128
-# Probabilities in units of 2^-40 (finer than float32 resolves them): integer sums do not depend
-# on their order, so the candidates and the whole sorted row always give the same cut.
+# Probabilities in units of 2^-40 (below 2^-41 a token adds nothing): integer sums do not depend
+# on their order, so the candidates and the whole sorted row give the same cut.
 MASS_SCALE = 2.0 ** 40
 
 
@@ -86,7 +86,7 @@ def nucleus_floor(logits: torch.Tensor, top_p: float, candidates: int | None = N
 
     def cut(values: torch.Tensor, log_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The floor among `values` (sorted descending) and how many of them the nucleus keeps."""
-        mass = torch.round(torch.exp(values - log_norm) * MASS_SCALE).long()
+        mass = torch.round(torch.exp((values - log_norm).float()) * MASS_SCALE).long()  # fp16 would overflow
         above = mass.cumsum(dim=-1) - mass
         kept = (above < target).sum(dim=-1, keepdim=True).clamp(min=1)
         return values.gather(-1, kept - 1), kept
