@@ -93,8 +93,9 @@ def test_the_nucleus_among_candidates_is_the_one_of_the_whole_sorted_row_and_of_
 
 
 def test_a_compiled_nucleus_search_sorts_every_row_and_finds_the_same_cut():
-    """Compiled (as in the compiled decode step), every row is sorted whole: a fixed shape with no
-    host read, and the cut found among candidates on the CPU eager."""
+    """Compiled (as in the compiled decode step) every row is sorted whole, a fixed shape with no
+    host read (fullgraph would fail on one), and the cut is the one the eager search among
+    candidates finds."""
     logits = torch.randn(12, 300, generator=torch.Generator().manual_seed(1)) * torch.linspace(0.05, 6, 12)[:, None]
     compiled = torch.compile(nucleus_floor, fullgraph=True, dynamic=True)  # as the compiled decode step
     torch.testing.assert_close(compiled(logits, 0.9, 16), nucleus_floor(logits, 0.9, 16), rtol=0, atol=0)

@@ -78,7 +78,7 @@ class Setting:
     lookup: str = "learned"  # context lookup: "learned" estimates, chains ranked "first", or "off"
     n: int = 1500  # responses per prompt
     min_deep_share: float = 0.0  # kept tokens from decisions at depth >= 2 must be at least this share
-    nucleus_candidates: int | None = None  # top-p searched among this many tokens first (else every row of the 8-token vocabulary is sorted)
+    nucleus_candidates: int | None = None  # top-p searched among this many tokens first (else rows are sorted whole)
 
 
 SETTINGS = {

@@ -1,9 +1,10 @@
 """Plain vs speculative generation, side by side in one run (SPECROLL.md section 9).
 
 Same policy, prompts, seeds and sampling settings (temperature 1, top_p 1, max 256 new
-tokens by default; `--temperature`, `--top-p`) at several concurrencies (c prompts x 1 response) and on a GRPO-shaped
-batch (8 prompts x 8 responses). Each setting alternates plain and speculative runs (which one
-goes first alternates too); the ratio's standard error is the spread of the repeats' ratios.
+tokens by default; `--temperature`, `--top-p`) at several concurrencies (c prompts x 1
+response) and on a GRPO-shaped batch (8 prompts x 8 responses). Each setting alternates plain
+and speculative runs (which one goes first alternates too); the ratio's standard error is the
+spread of the repeats' ratios.
 Both engines sample the same responses for the same seed (spec/verify.py): the share that came
 out identical, token for token, is printed (`same`).
 
