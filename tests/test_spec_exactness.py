@@ -84,9 +84,10 @@ class Setting:
 SETTINGS = {
     "t07-topp09-path-trained-fixed16": Setting(dict(temperature=0.7, top_p=0.9), "path-trained",
                                                dict(budget="fixed", fixed_nodes=16), n=2000, min_deep_share=0.25),
-    # Rows finish at EOS, so the budget grows from 4 nodes to 16 as concurrency falls.
+    # Rows finish at EOS, so the budget grows from 4 nodes to 16 as concurrency falls (as read
+    # every sync_every steps: the trees lag the finished rows by up to that many steps).
     "t1-path-trained-concurrency": Setting(dict(temperature=1.0), "path-trained", dict(budget="concurrency", capacity=18000),
-                                           min_deep_share=0.07),
+                                           min_deep_share=0.05),
     # Reflex here judges drafts against the target restricted to the heads' 5-token draft vocabulary.
     "topk3-vocab5-lookup-first-cost-model": Setting(dict(temperature=1.0, top_k=3), "path-trained-vocab5",
                                                     dict(budget="cost_model", min_gain=0.0, adaptation="reflex",

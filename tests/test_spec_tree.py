@@ -237,9 +237,10 @@ def test_eos_and_the_length_cap_cut_an_accepted_path_where_they_fall():
     real_step = engine.decoder.step
 
     def recorded_step(state):
-        rows = state.row_ids.tolist()
+        rows, live = state.row_ids.tolist(), state.live.tolist()  # finished rows wait in a sync-free batch
         result = real_step(state)
-        steps.append((rows, [t[:c] for t, c in zip(result.tokens.tolist(), result.counts.tolist())]))
+        emitted = [t[:c] for t, c in zip(result.tokens.tolist(), result.counts.tolist())]
+        steps.append(([r for r, alive in zip(rows, live) if alive], [t for t, alive in zip(emitted, live) if alive]))
         return result
 
     engine.decoder.step = recorded_step
@@ -277,11 +278,15 @@ def test_smollm2_greedy_with_its_shipped_heads_equals_plain_greedy(smollm2, gsm8
     assert spec.stats["tokens_per_step_mean"] > 1.3
 
 
-def test_concurrency_budget_follows_active_rows(model):
-    engine = RolloutEngine(model, spec=SpecConfig(budget="concurrency", capacity=24, min_nodes=1, max_nodes=8))
+@pytest.mark.parametrize("sync_every", [1, 4])
+def test_concurrency_budget_follows_active_rows(model, sync_every):
+    """The budget follows the rows live at the last host read (every step with sync_every 1)."""
+    engine = RolloutEngine(model, spec=SpecConfig(budget="concurrency", capacity=24, min_nodes=1, max_nodes=8),
+                           sync_every=sync_every)
     out = engine.generate([[3, 4, 5]], SamplingParams(max_new_tokens=20, n=12, seed=1))
-    for budget, active in zip(out.stats["budget_per_step"], out.stats["active_rows_per_step"]):
-        assert budget == max(1, min(8, 24 // active))
+    read_at = [step - step % sync_every for step in range(len(out.stats["budget_per_step"]))]
+    for budget, step in zip(out.stats["budget_per_step"], read_at):
+        assert budget == max(1, min(8, 24 // out.stats["active_rows_per_step"][step]))
 
 
 def test_a_one_node_budget_is_a_plain_step(model):

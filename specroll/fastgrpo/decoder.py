@@ -14,7 +14,6 @@ are logged for online learning (`pop_training_data`).
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 from ..rollout.engine import DecodeState, StepResult
 from ..rollout.sampling import sampling_logprobs
 from ..spec.decoder import verify_pass_stats
+from ..spec.pass_counts import PassCounts
 from ..spec.profile import get_profile
 from ..spec.tree import Candidates, select_tree, tree_attention_mask
 from ..spec.verify import verify_tree
@@ -64,17 +64,15 @@ class FastGRPODecoder:
         self.drafter = drafter.eval().use_prepacked_linears()
 
     def reset_stats(self) -> None:
-        self.stats = {"tokens_per_step": Counter(), "budget_per_step": [], "accepted_by_depth": [0] * self.cfg.max_depth,
-                      "reached_by_depth": [0] * self.cfg.max_depth, "time_draft_s": 0.0, "time_verify_s": 0.0,
-                      "time_bookkeeping_s": 0.0, "verify_steps": 0}
+        self.counts = PassCounts(self.cfg.max_depth + 1, self.cfg.max_depth, next(self.model.parameters()).device)
+        self.stats = {"budget_per_step": [], "time_draft_s": 0.0, "time_verify_s": 0.0, "time_bookkeeping_s": 0.0,
+                      "verify_steps": 0}
 
     def pop_stats(self) -> dict:
         """The generate call's stats, with the keys of `SpecDecoder.pop_stats` (no context lookup here)."""
-        out = verify_pass_stats(self.stats)
-        hist = out["tokens_per_step_hist"]
-        # Every pass drafts a tree (N >= 2).
-        out |= {"drafted_response_steps": sum(hist.values()), "drafted_tokens": sum(k * v for k, v in hist.items()),
-                "lookup_token_share": 0.0}
+        counts = self.counts.read()
+        out = verify_pass_stats(self.stats, counts) | {"drafted_response_steps": counts["drafted_response_steps"],
+                                                       "drafted_tokens": counts["drafted_tokens"], "lookup_token_share": 0.0}
         self.reset_stats()
         return out
 
@@ -114,7 +112,7 @@ class FastGRPODecoder:
         call.features, call.tokens, call.counts = kept, verdict.tokens[:, :width], verdict.counts
         if call.log is not None:
             call.log.write(call.slots, base - state.prompt_lengths + 1, kept, verdict.counts)
-        self.record(verdict, shape)
+        self.record(verdict, shape, state.live)
         self.stats["time_draft_s"] += t1 - t0
         self.stats["time_verify_s"] += t2 - t1
         self.stats["time_bookkeeping_s"] += time.perf_counter() - t2
@@ -205,16 +203,10 @@ class FastGRPODecoder:
         visible = torch.gather(own, 2, idx) & ((rel >= 0) & (rel < written + count))[:, None, :]
         return (cached | visible)[:, None]
 
-    def record(self, verdict, shape: TreeShape) -> None:
-        s = self.stats
-        s["verify_steps"] += 1
-        s["budget_per_step"].append(shape.nodes)
-        s["tokens_per_step"].update(verdict.counts.tolist())
-        acc = verdict.accepted_at_depth
-        reached = torch.cat((torch.ones_like(acc[:, :1]), acc[:, :-1]), 1)
-        for d, (a, r) in enumerate(zip(acc.sum(0).tolist(), reached.sum(0).tolist())):
-            s["accepted_by_depth"][d] += a
-            s["reached_by_depth"][d] += r
+    def record(self, verdict, shape: TreeShape, live: torch.Tensor) -> None:
+        self.stats["verify_steps"] += 1
+        self.stats["budget_per_step"].append(shape.nodes)
+        self.counts.add_pass(verdict.counts, live, verdict.accepted_at_depth)
 
     def pop_training_data(self, token_ids: list[list[int]]) -> DraftSequences | None:
         """The last generate call's responses (`RolloutOutput.token_ids`) with the policy's features

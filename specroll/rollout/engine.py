@@ -43,9 +43,9 @@ SPAN_BUCKET = 64
 class DecodeState:
     """Per-row state of a generate call; rows are kept in cache order.
 
-    Plain steps leave finished rows in the batch (`live` False, their cache frozen) until the
-    engine compacts it at a batch-size bucket, so no step needs to read on the host which rows
-    are done.
+    Sync-free steps (plain ones, and tree steps sized on the host) leave finished rows in the
+    batch (`live` False, emitting nothing) until the engine compacts it at a batch-size bucket,
+    so no step needs to read on the host which rows are done.
     """
 
     def __init__(self, cache: KVCache, history: TokenHistory, row_ids: torch.Tensor, rng: RowRandom,
@@ -72,6 +72,15 @@ class DecodeState:
         """Cache slots a step of `num_new` tokens per row attends to: the bound on the longest
         row plus the new tokens, rounded up to a SPAN_BUCKET multiple (a fixed shape)."""
         return span_bucket(self.cached_bound + num_new, self.cache.max_len)
+
+    def read_live(self) -> torch.Tensor:
+        """Which rows are live, as a host tensor, in the one host read of a bookkeeping point;
+        the longest row's cache length, read with it, tightens `cached_bound`."""
+        batch = self.batch_size
+        read = torch.cat((self.live.long(), self.cache.lengths[:batch].max()[None])).cpu()
+        live, self.cached_bound = read[:batch].bool(), int(read[batch])
+        self.live_rows = int(live.sum())
+        return live
 
     def keep(self, rows: torch.Tensor) -> None:
         self.cache.keep_rows(rows)
@@ -127,8 +136,8 @@ class PlainDecoder:
     def compiled_on_cuda(self) -> bool:
         return self.decode.compiled and self.decode.on_cuda
 
-    def next_step_plain(self, state: DecodeState) -> bool:
-        """Every step is plain: it reads nothing on the host and lets finished rows stay."""
+    def next_step_sync_free(self, state: DecodeState) -> bool:
+        """Every step reads nothing on the host and lets finished rows stay."""
         return True
 
     def step(self, state: DecodeState) -> StepResult:
@@ -160,10 +169,11 @@ class RolloutEngine:
     """Batched generation with a plain or speculative decoder.
 
     `compile`: run the plain decode step compiled (torch.compile; CUDA graphs on GPUs).
-    `sync_every`: plain decode steps between two host reads of which rows are finished (to stop
-    and to compact the batch); in between, steps run without any host synchronisation. A
-    decoder says before each step whether it will be plain (`next_step_plain`); a tree step is
-    read before, with the finished rows dropped.
+    `sync_every`: decode steps between two host reads of which rows are finished (to stop and
+    to compact the batch); in between, steps run without any host synchronisation. A decoder
+    says before each step whether it will read nothing on the host (`next_step_sync_free`:
+    plain steps, and tree steps sized on the host); a step that reads is read before, with the
+    finished rows dropped.
     """
 
     def __init__(self, model, tokenizer=None, spec=None, show_progress: bool = False, compile: bool = False,
@@ -258,17 +268,16 @@ class RolloutEngine:
         steps, unread = 0, 0  # unread: plain steps that may still run before the next host read
         self.record(StepResult(first[:, None], first_lp[:, None], torch.ones_like(first)), state, responses)
         while True:
-            plain = self.next_step_plain(state)
-            if unread == 0 or not plain or steps == max_steps:
-                live = state.live.cpu()  # the only host read of the loop
+            sync_free = self.next_step_sync_free(state)
+            if unread == 0 or not sync_free or steps == max_steps:
+                live = state.read_live()  # the only host read of the loop
                 if self.show_progress:
                     bar.update(int(responses.lengths.sum()) - bar.n)
                 if not live.any():
                     break
-                state.live_rows = int(live.sum())
-                plain = self.next_step_plain(state)
-                self.compact(state, live, to_bucket=plain)
-                unread = self.sync_every if plain else 1
+                sync_free = self.next_step_sync_free(state)
+                self.compact(state, live, to_bucket=sync_free)
+                unread = self.sync_every if sync_free else 1
             active[steps] = state.live.sum()
             self.record(self.decoder.step(state), state, responses)
             steps, unread = steps + 1, unread - 1
@@ -299,14 +308,14 @@ class RolloutEngine:
         last = (lengths - 1)[:, None, None].expand(-1, 1, out.hidden.shape[-1])
         return out.logits[:, 0], torch.gather(out.hidden, 1, last)[:, 0]
 
-    def next_step_plain(self, state: DecodeState) -> bool:
-        """Whether the decoder's next step is plain (decoders without the method: never)."""
-        ask = getattr(self.decoder, "next_step_plain", None)
+    def next_step_sync_free(self, state: DecodeState) -> bool:
+        """Whether the decoder's next step reads nothing on the host (decoders without the method: never)."""
+        ask = getattr(self.decoder, "next_step_sync_free", None)
         return ask is not None and ask(state)
 
     def compact(self, state: DecodeState, live: torch.Tensor, to_bucket: bool) -> None:
         """Drop finished rows: all of them, or down to the next power-of-two bucket that holds the
-        live rows (finished rows fill it up) before plain steps."""
+        live rows (finished rows fill it up) before sync-free steps."""
         num_live, batch = int(live.sum()), len(live)
         size = batch_bucket(num_live, batch) if to_bucket else num_live
         if size == batch:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections import Counter
 from functools import partial
 
 import torch
@@ -22,6 +21,7 @@ from .head_records import RecordCollector
 from .heads import HorizonHeads, shipped_heads
 from .lookup import LookupAcceptance, add_lookup_candidates, lookup_drafts
 from .maturation import matured_proposals
+from .pass_counts import PassCounts
 from .profile import get_profile
 from .reflex import FastState, SafetyGuard, matured_feedback, rms
 from .tree import draft_candidates, select_tree, tree_attention_mask
@@ -146,20 +146,17 @@ class SpecDecoder:
         self.lookup_acceptance = LookupAcceptance(self.cfg.lookup_ngram, heads.num_heads, self.cfg.calibration_momentum, device)
 
     def reset_stats(self) -> None:
-        self.stats = {"tokens_per_step": Counter(), "budget_per_step": [], "accepted_by_depth": [0] * self.heads.num_heads,
-                      "reached_by_depth": [0] * self.heads.num_heads, "time_draft_s": 0.0, "time_verify_s": 0.0,
-                      "time_bookkeeping_s": 0.0, "verify_steps": 0, "drafts_accepted": 0, "lookup_accepted": 0,
-                      "drafted_response_steps": 0, "drafted_tokens": 0,
-                      "time_reflex_s": 0.0, "reflex_on_steps": 0, "reflex_records": 0, "reflex_reliability": 0.0,
-                      "reflex_state_rms": 0.0, "reflex_resets": 0, "time_records_s": 0.0, "plain_row_steps": 0}
+        self.counts = PassCounts(self.cfg.max_nodes, self.heads.num_heads, next(self.model.parameters()).device)
+        self.stats = {"budget_per_step": [], "time_draft_s": 0.0, "time_verify_s": 0.0, "time_bookkeeping_s": 0.0,
+                      "verify_steps": 0, "time_reflex_s": 0.0, "reflex_on_steps": 0, "reflex_records": 0,
+                      "reflex_reliability": 0.0, "reflex_state_rms": 0.0, "reflex_resets": 0, "time_records_s": 0.0}
 
     def pop_stats(self) -> dict:
-        s = self.stats
-        s["tokens_per_step"][1] += int(s["plain_row_steps"])  # a device count: read once, here
-        out = verify_pass_stats(s) | {
-            "drafted_response_steps": s["drafted_response_steps"],
-            "drafted_tokens": s["drafted_tokens"],
-            "lookup_token_share": s["lookup_accepted"] / max(s["drafts_accepted"], 1),
+        s, counts = self.stats, self.counts.read()
+        out = verify_pass_stats(s, counts) | {
+            "drafted_response_steps": counts["drafted_response_steps"],
+            "drafted_tokens": counts["drafted_tokens"],
+            "lookup_token_share": counts["lookup_accepted"] / max(counts["drafts_accepted"], 1),
         } | self.compile_stats()
         if self.records is not None:
             out["time_records_s"] = s["time_records_s"]
@@ -213,10 +210,17 @@ class SpecDecoder:
             return self.planned_drafts(live_rows)
         return self.node_budget(live_rows) - 1
 
-    def next_step_plain(self, state: DecodeState) -> bool:
-        """Whether the next step drafts nothing: such a step is the plain one, so the engine runs
-        it without a host read and with finished rows left in the batch."""
-        return self.planned_step_drafts(state.live_rows) == 0
+    @property
+    def sync_free_trees(self) -> bool:
+        """Whether tree steps read nothing on the host: their size follows the rows live at the
+        last read (fixed and concurrency budgets), and no Reflex or head records, which read
+        their feedback every step. The cost model reads each step's drafts to size its tree."""
+        return self.budget != "cost_model" and self.reflex is None and self.records is None
+
+    def next_step_sync_free(self, state: DecodeState) -> bool:
+        """Whether the next step reads nothing on the host (a plain step always), so the engine
+        runs it without a read and with finished rows left in the batch."""
+        return self.sync_free_trees or self.planned_step_drafts(state.live_rows) == 0
 
     @torch.inference_mode()
     def step(self, state: DecodeState) -> StepResult:
@@ -237,7 +241,7 @@ class SpecDecoder:
             else:
                 self.steps_since_full_draft += 1
         if budget == 1:
-            self.stats["plain_row_steps"] += state.live.sum()  # finished rows emit nothing
+            self.counts.add_plain(state.live)  # finished rows emit nothing
         tree = select_tree(cands, budget - 1) if budget > 1 else None
         t1 = time.perf_counter()
         if budget > 1:
@@ -247,9 +251,10 @@ class SpecDecoder:
         t2 = time.perf_counter()
 
         if budget > 1:
-            self.update_calibration(verdict)
-        on_chain = None if lookup is None else self.lookup_acceptance.update(lookup, verdict.tokens, verdict.counts)
-        self.record(verdict, budget, on_chain)
+            self.update_calibration(verdict, state.live)
+        emitted = verdict.counts * state.live  # finished rows waiting in the batch emit nothing
+        on_chain = None if lookup is None else self.lookup_acceptance.update(lookup, verdict.tokens, emitted)
+        self.record(verdict, budget, state.live, on_chain)
         matured = matured_proposals(cands.proposals, tree, verdict) if budget > 1 and cands.proposals else None
         if self.reflex is not None:
             self.learn_reflex(state, matured, verdict, logprobs)
@@ -270,20 +275,23 @@ class SpecDecoder:
     def verify_pass(self, state: DecodeState, tree, budget: int):
         """One forward over every row's root and tree, the exact acceptance rule, and the
         accepted paths kept in the cache: (verdict, logits, sampling log-probs)."""
-        roots = state.last_tokens
+        roots, cache = state.last_tokens, state.cache
+        lengths = cache.lengths[: roots.shape[0]]
+        # A finished row waiting in a sync-free batch drafts from slot 0 on, so its tree always fits in the cache.
+        lengths.mul_(state.live)
         # Padded to a bucket of node counts, so the compiled forward meets few shapes.
         nodes = node_bucket(budget, self.cfg.max_nodes)
         ids, depths, mask = padded_tree_inputs(roots, tree, nodes)
-        positions = state.cache.lengths[: roots.shape[0], None] + depths
-        logits, hidden = self.verify_forward(self.model, ids, positions, state.cache, mask, state.span(nodes))
+        logits, hidden = self.verify_forward(self.model, ids, lengths[:, None] + depths, cache, mask, state.span(nodes))
         logits, hidden = logits[:, :budget], hidden[:, :budget]
         logprobs = sampling_logprobs(logits, state.params)
         uniforms = None if state.params.greedy else state.rng.peek(depths[:, :budget])
         verdict = self.verify(logprobs, tree, uniforms, state.params.greedy, self.heads.num_heads)
         state.rng.advance(verdict.counts)
-        longest = int(verdict.counts.max())
-        state.cache.commit_gather(verdict.path[:, :longest], verdict.counts)
-        state.cached_bound += longest
+        # The longest path a tree of this budget can accept, known on the host without reading the counts.
+        width = min(budget, self.heads.num_heads + 1)
+        cache.commit_gather(verdict.path[:, :width], verdict.counts * state.live)
+        state.cached_bound += width
         last = torch.gather(verdict.path, 1, (verdict.counts - 1)[:, None])
         state.last_hidden = torch.gather(hidden, 1, last[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
         return verdict, logits, logprobs
@@ -405,9 +413,10 @@ class SpecDecoder:
             self.typical_per_row = blend(self.typical_per_row, expected, TYPICAL_MOMENTUM)
         self.steps_since_full_draft = 0 if drafts == self.cfg.max_nodes - 1 else self.steps_since_full_draft + 1
 
-    def update_calibration(self, verdict) -> None:
-        """Per depth: EMA of accepted rate vs the head mass drafted under the reached node."""
-        reached = torch.cat((torch.ones_like(verdict.accepted_at_depth[:, :1]), verdict.accepted_at_depth[:, :-1]), 1)
+    def update_calibration(self, verdict, live: torch.Tensor) -> None:
+        """Per depth: EMA of accepted rate vs the head mass drafted under the reached node, over live rows."""
+        acc = verdict.accepted_at_depth
+        reached = torch.cat((torch.ones_like(acc[:, :1]), acc[:, :-1]), 1) & live[:, None]
         has_children = reached & (verdict.reached_node_prob > 0)
         n = has_children.sum(0).clamp(min=1)
         observed = (verdict.accepted_at_depth & has_children).sum(0) / n
@@ -417,27 +426,12 @@ class SpecDecoder:
         self.observed = torch.where(used, m * self.observed + (1 - m) * observed.clamp(min=1e-3), self.observed)
         self.predicted = torch.where(used, m * self.predicted + (1 - m) * predicted.clamp(min=1e-3), self.predicted)
 
-    def record(self, verdict, budget: int, on_chain: torch.Tensor | None) -> None:
+    def record(self, verdict, budget: int, live: torch.Tensor, on_chain: torch.Tensor | None) -> None:
         """on_chain [B, depth]: emitted tokens that the context lookup chain held (None: no chain)."""
-        s = self.stats
-        s["verify_steps"] += 1
-        s["budget_per_step"].append(budget)
-        if budget == 1:  # one token per live row (counted in step), nothing accepted
-            return
-        s["tokens_per_step"].update(verdict.counts.tolist())
-        if on_chain is not None:
-            # Of the emitted tokens on the chain, those before the bonus token were accepted drafts.
-            as_draft = torch.arange(on_chain.shape[1], device=on_chain.device)[None] < (verdict.counts - 1)[:, None]
-            s["lookup_accepted"] += int((on_chain & as_draft).sum())
-        emitted = int(verdict.counts.sum())
-        s["drafted_response_steps"] += verdict.counts.shape[0]
-        s["drafted_tokens"] += emitted
-        s["drafts_accepted"] += emitted - verdict.counts.shape[0]
-        acc = verdict.accepted_at_depth
-        reached = torch.cat((torch.ones_like(acc[:, :1]), acc[:, :-1]), 1)
-        for d, (a, r) in enumerate(zip(acc.sum(0).tolist(), reached.sum(0).tolist())):
-            s["accepted_by_depth"][d] += a
-            s["reached_by_depth"][d] += r
+        self.stats["verify_steps"] += 1
+        self.stats["budget_per_step"].append(budget)
+        if budget > 1:  # a plain step's one token per live row is counted in step
+            self.counts.add_pass(verdict.counts, live, verdict.accepted_at_depth, on_chain)
 
 
 def node_bucket(nodes: int, max_nodes: int) -> int:
@@ -464,15 +458,15 @@ def tree_forward(model, ids: torch.Tensor, positions: torch.Tensor, cache, mask:
     return out.logits, out.hidden
 
 
-def verify_pass_stats(s: dict) -> dict:
-    """The stats keys every tree decoder reports, from its running counters `s`."""
-    hist = dict(sorted(s["tokens_per_step"].items()))
+def verify_pass_stats(s: dict, counts: dict) -> dict:
+    """The stats keys every tree decoder reports, from its step counters `s` and `PassCounts.read()`."""
+    hist = counts["tokens_per_step"]
     emitted = sum(k * v for k, v in hist.items())
     return {
         "verify_steps": s["verify_steps"],
         "tokens_per_step_hist": hist,
         "tokens_per_step_mean": emitted / max(sum(hist.values()), 1),
-        "acceptance_by_depth": [a / r if r else 0.0 for a, r in zip(s["accepted_by_depth"], s["reached_by_depth"])],
+        "acceptance_by_depth": [a / r if r else 0.0 for a, r in zip(counts["accepted_by_depth"], counts["reached_by_depth"])],
         "budget_per_step": s["budget_per_step"],
         "time_draft_s": s["time_draft_s"],
         "time_verify_s": s["time_verify_s"],

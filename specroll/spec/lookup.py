@@ -135,7 +135,8 @@ class LookupAcceptance:
         match = seen & (emitted[:, :depth] == lookup.tokens)
         reached = torch.cat((torch.ones_like(match[:, :1]), match[:, :-1].long().cumprod(dim=1).bool()), dim=1)
         observed = (seen & reached).float()
-        by_ngram = torch.nn.functional.one_hot(lookup.ngram, self.rate.shape[0] + 1)[:, 1:].float()  # [B, max_ngram]
+        # [B, max_ngram]; a comparison, not one_hot, which reads the ids' range on the host.
+        by_ngram = (lookup.ngram[:, None] == torch.arange(1, self.rate.shape[0] + 1, device=counts.device)).float()
         trials = by_ngram.T @ observed
         accepted = by_ngram.T @ (observed * match)
         m, old = self.momentum, self.rate[:, :depth]

@@ -1,0 +1,62 @@
+"""What a tree decoder's verify passes emitted, counted on the device and read once per generate call.
+
+A step that read its own statistics on the host (`.tolist()` of its counts) would wait for the
+GPU every step; these counters only add on the device, so a tree step can run without a host
+read, and `read` turns them into numbers when the call ends.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class PassCounts:
+    """Counts over the live rows of every pass: tokens emitted per row-pass, drafts accepted
+    and reached per depth, accepted drafts the context lookup chain held, and the row-steps
+    of plain passes (one token each, nothing drafted)."""
+
+    def __init__(self, max_tokens: int, max_depth: int, device) -> None:
+        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=device)  # noqa: E731
+        self.passes_by_tokens = zeros(max_tokens + 1)  # [k]: tree row-passes that emitted k tokens
+        self.accepted_by_depth = zeros(max_depth)
+        self.reached_by_depth = zeros(max_depth)
+        self.lookup_accepted = zeros(())
+        self.plain_rows = zeros(())
+
+    def add_pass(self, counts: torch.Tensor, live: torch.Tensor, accepted_at_depth: torch.Tensor,
+                 on_chain: torch.Tensor | None = None) -> None:
+        """One tree pass: counts [B] emitted tokens, live [B] rows still generating (finished
+        rows wait in a sync-free batch and count for nothing), accepted_at_depth [B, d],
+        on_chain [B, depth]: emitted tokens the lookup chain held (None: no chain)."""
+        live_count = live.long()
+        self.passes_by_tokens.index_add_(0, counts, live_count)
+        acc = accepted_at_depth & live[:, None]
+        reached = torch.cat((live[:, None], acc[:, :-1]), 1)
+        depth = acc.shape[1]
+        self.accepted_by_depth[:depth] += acc.sum(0)
+        self.reached_by_depth[:depth] += reached.sum(0)
+        if on_chain is not None:
+            # Of the emitted tokens on the chain, those before the bonus token were accepted drafts.
+            as_draft = torch.arange(on_chain.shape[1], device=on_chain.device)[None] < (counts - 1)[:, None]
+            self.lookup_accepted += (on_chain & as_draft & live[:, None]).sum()
+
+    def add_plain(self, live: torch.Tensor) -> None:
+        """One plain pass: every live row emits one token."""
+        self.plain_rows += live.sum()
+
+    def read(self) -> dict:
+        """The counts as numbers, in one host read: `tokens_per_step` {k: row-passes} with plain
+        row-steps under 1, `drafted_response_steps` and `drafted_tokens` of tree passes alone,
+        `drafts_accepted`, `lookup_accepted`, and per depth `accepted_by_depth`, `reached_by_depth`."""
+        flat = torch.cat((self.passes_by_tokens, self.accepted_by_depth, self.reached_by_depth,
+                          self.lookup_accepted[None], self.plain_rows[None])).tolist()
+        tokens, depth = len(self.passes_by_tokens), len(self.accepted_by_depth)
+        by_tokens = flat[:tokens]
+        drafted_steps = sum(by_tokens)
+        drafted_tokens = sum(k * n for k, n in enumerate(by_tokens))
+        hist = {k: n for k, n in enumerate(by_tokens) if n}
+        if flat[-1]:
+            hist[1] = hist.get(1, 0) + flat[-1]
+        return {"tokens_per_step": dict(sorted(hist.items())), "drafted_response_steps": drafted_steps,
+                "drafted_tokens": drafted_tokens, "drafts_accepted": drafted_tokens - drafted_steps,
+                "accepted_by_depth": flat[tokens:tokens + depth], "reached_by_depth": flat[tokens + depth:tokens + 2 * depth],
+                "lookup_accepted": flat[-2]}
