@@ -109,6 +109,7 @@ def test_experiments_override_groups_and_top_level_values():
         (["rollout=fastgrpo", "rollout.fastgrpo.online.lr=0"], "rollout.fastgrpo.online.lr must be > 0"),
         (["rollout=fastgrpo", "rollout.fastgrpo.max_nodes=1"], "rollout.fastgrpo.max_nodes must be >= 2"),
         (["rollout.spec.adaptation=sometimes"], "rollout.spec.adaptation must be one of"),
+        (["rollout.spec.sync_free_trees=sometimes"], "rollout.spec.sync_free_trees must be"),
         (["model.dtype=int8"], "model.dtype must be one of"),
         (["model.name=tiny-gpt2"], "model.name 'tiny-gpt2' is not a tiny model"),
         (["model.tokenizer=smollm2-135m-instruct"], "model.tokenizer is only for tiny-* models"),

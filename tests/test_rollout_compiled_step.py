@@ -88,26 +88,27 @@ def host_reads(engine: RolloutEngine, max_new_tokens: int) -> int:
 def test_a_decode_step_reads_nothing_on_the_host(model):
     """With bookkeeping reads only at the start and the end, host reads per generate call do
     not grow with the number of steps: for the plain engine, and for the speculative one's
-    plain steps and tree steps sized on the host (fixed and concurrency budgets). Reflex tree
-    steps, which read their feedback every step, are the control that shows the count sees reads."""
+    plain steps and (`sync_free_trees`) tree steps sized on the host (fixed and concurrency
+    budgets). Tree steps that read, the CPU default, are the control that shows the count sees reads."""
     def spec(**fields):
         return RolloutEngine(model, spec=SpecConfig(heads_path=None, **fields), sync_every=1000)
 
     engines = {"plain": RolloutEngine(model, sync_every=1000), "one-node spec": spec(budget="fixed", fixed_nodes=1),
-               "fixed trees": spec(budget="fixed", fixed_nodes=4),
-               "concurrency trees": spec(budget="concurrency", capacity=24, max_nodes=8)}
+               "fixed trees": spec(budget="fixed", fixed_nodes=4, sync_free_trees=True),
+               "concurrency trees": spec(budget="concurrency", capacity=24, max_nodes=8, sync_free_trees=True)}
     for name, engine in engines.items():
         assert host_reads(engine, 12) == host_reads(engine, 36), f"a step of the {name} engine reads on the host"
-    reflex = spec(budget="fixed", fixed_nodes=4, adaptation="reflex")
-    assert host_reads(reflex, 36) > host_reads(reflex, 12)
+    for reading in (spec(budget="fixed", fixed_nodes=4), spec(budget="fixed", fixed_nodes=4, sync_free_trees=True,
+                                                              adaptation="reflex")):
+        assert host_reads(reading, 36) > host_reads(reading, 12)
 
 
 def test_sync_free_tree_steps_generate_and_count_what_reading_every_step_does(model):
     """Tree steps with finished rows left in the batch between reads emit the same responses,
     and count the same tokens per pass, as tree steps on a batch compacted before every step."""
     params = SamplingParams(max_new_tokens=30, n=4, seed=3)
-    cfg = SpecConfig(heads_path=None, budget="fixed", fixed_nodes=4)
-    outs = [RolloutEngine(model, spec=cfg, sync_every=k).generate(PROMPTS, params) for k in (1, 1000)]
+    outs = [RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="fixed", fixed_nodes=4, sync_free_trees=mode),
+                          sync_every=1000).generate(PROMPTS, params) for mode in (False, True)]
     assert outs[0].token_ids == outs[1].token_ids
     assert outs[0].finish_reasons == outs[1].finish_reasons
     for key in ("tokens_per_step_hist", "acceptance_by_depth", "drafted_tokens", "drafted_response_steps"):

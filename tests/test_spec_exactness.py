@@ -85,8 +85,9 @@ SETTINGS = {
     "t07-topp09-path-trained-fixed16": Setting(dict(temperature=0.7, top_p=0.9), "path-trained",
                                                dict(budget="fixed", fixed_nodes=16), n=2000, min_deep_share=0.25),
     # Rows finish at EOS, so the budget grows from 4 nodes to 16 as concurrency falls (as read
-    # every sync_every steps: the trees lag the finished rows by up to that many steps).
-    "t1-path-trained-concurrency": Setting(dict(temperature=1.0), "path-trained", dict(budget="concurrency", capacity=18000),
+    # every sync_every steps: sync-free trees lag the finished rows by up to that many steps).
+    "t1-path-trained-concurrency": Setting(dict(temperature=1.0), "path-trained",
+                                           dict(budget="concurrency", capacity=18000, sync_free_trees=True),
                                            min_deep_share=0.05),
     # Reflex here judges drafts against the target restricted to the heads' 5-token draft vocabulary.
     "topk3-vocab5-lookup-first-cost-model": Setting(dict(temperature=1.0, top_k=3), "path-trained-vocab5",
@@ -102,7 +103,8 @@ SETTINGS = {
                                                           dict(budget="fixed", fixed_nodes=8), n=1000,
                                                           min_deep_share=0.1, nucleus_candidates=3),
     "t12-topp095-medusa-trained-fixed8": Setting(dict(temperature=1.2, top_p=0.95), "medusa-trained",
-                                                 dict(budget="fixed", fixed_nodes=8), min_deep_share=0.05),
+                                                 dict(budget="fixed", fixed_nodes=8, sync_free_trees=True),
+                                                 min_deep_share=0.05),
     "t1-path-random-fixed4": Setting(dict(temperature=1.0), "path-random", dict(budget="fixed", fixed_nodes=4), n=3000),
     "t07-medusa-random-lookup-first-fixed8": Setting(dict(temperature=0.7), "medusa-random",
                                                      dict(budget="fixed", fixed_nodes=8), lookup="first",

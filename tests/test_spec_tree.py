@@ -232,7 +232,9 @@ def test_eos_and_the_length_cap_cut_an_accepted_path_where_they_fall():
     model = build_tiny_model(init_std=0.3, seed=5, eos_token_ids=[1])
     with torch.no_grad():
         model.lm_head.weight[1] += 0.25 * model.lm_head.weight.norm(dim=1).mean()
-    engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="fixed", fixed_nodes=16, max_nodes=16, max_children=8))
+    # Tree steps without host reads: finished rows ride along, emitting nothing.
+    engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="fixed", fixed_nodes=16, max_nodes=16,
+                                                  max_children=8, sync_free_trees=True))
     steps = []  # (row ids, tokens each emitted) of every verify step, spied on the real decoder
     real_step = engine.decoder.step
 
@@ -278,12 +280,14 @@ def test_smollm2_greedy_with_its_shipped_heads_equals_plain_greedy(smollm2, gsm8
     assert spec.stats["tokens_per_step_mean"] > 1.3
 
 
-@pytest.mark.parametrize("sync_every", [1, 4])
-def test_concurrency_budget_follows_active_rows(model, sync_every):
-    """The budget follows the rows live at the last host read (every step with sync_every 1)."""
-    engine = RolloutEngine(model, spec=SpecConfig(budget="concurrency", capacity=24, min_nodes=1, max_nodes=8),
-                           sync_every=sync_every)
+@pytest.mark.parametrize("sync_free_trees", [False, True])
+def test_concurrency_budget_follows_active_rows(model, sync_free_trees):
+    """The budget follows the rows live at the last host read: every step where tree steps read,
+    every sync_every steps where they do not."""
+    cfg = SpecConfig(budget="concurrency", capacity=24, min_nodes=1, max_nodes=8, sync_free_trees=sync_free_trees)
+    engine = RolloutEngine(model, spec=cfg, sync_every=4)
     out = engine.generate([[3, 4, 5]], SamplingParams(max_new_tokens=20, n=12, seed=1))
+    sync_every = 4 if sync_free_trees else 1
     read_at = [step - step % sync_every for step in range(len(out.stats["budget_per_step"]))]
     for budget, step in zip(out.stats["budget_per_step"], read_at):
         assert budget == max(1, min(8, 24 // out.stats["active_rows_per_step"][step]))

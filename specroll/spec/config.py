@@ -33,6 +33,10 @@ class SpecConfig:
     # the estimates' noise decides, and a wrong tree costs more than a right one gains.
     min_gain: float = 0.05
     capacity: int | None = None  # C_hw override; None = from the cached hardware profile
+    # Tree steps sized on the host (fixed and concurrency budgets, static drafting) run without host
+    # reads, finished rows riding along until the engine's next read. None: on GPUs, where a read
+    # stalls the queue of launched work; on a CPU a read costs nothing, the riders do.
+    sync_free_trees: bool | None = None
     max_children: int = 8  # children drafted per node before the global best-N cut
     max_frontier: int = 4  # nodes per depth that get children (each costs an LM-head product)
     calibration_momentum: float = 0.95  # EMA of per-depth acceptance calibration

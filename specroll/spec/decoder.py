@@ -81,7 +81,9 @@ class SpecDecoder:
         self.heads: HorizonHeads | None = None
         self.set_heads(heads if heads is not None else initial_heads(model, cfg))
         self.profile = None
-        self.budget = resolve_budget(cfg.budget, next(model.parameters()).device.type)
+        device_type = next(model.parameters()).device.type
+        self.budget = resolve_budget(cfg.budget, device_type)
+        self.trees_may_skip_reads = device_type == "cuda" if cfg.sync_free_trees is None else cfg.sync_free_trees
         if compile:
             self.compile_steps()
         if self.budget == "cost_model" or (self.budget == "concurrency" and cfg.capacity is None):
@@ -212,10 +214,10 @@ class SpecDecoder:
 
     @property
     def sync_free_trees(self) -> bool:
-        """Whether tree steps read nothing on the host: their size follows the rows live at the
-        last read (fixed and concurrency budgets), and no Reflex or head records, which read
-        their feedback every step. The cost model reads each step's drafts to size its tree."""
-        return self.budget != "cost_model" and self.reflex is None and self.records is None
+        """Whether tree steps read nothing on the host (`spec.sync_free_trees`): where their size
+        follows the rows live at the last read (fixed and concurrency budgets), and no Reflex or
+        head records read their feedback. The cost model reads each step's drafts to size its tree."""
+        return self.trees_may_skip_reads and self.budget != "cost_model" and self.reflex is None and self.records is None
 
     def next_step_sync_free(self, state: DecodeState) -> bool:
         """Whether the next step reads nothing on the host (a plain step always), so the engine
