@@ -1,11 +1,11 @@
-"""The oracle bound of the speculative benchmark and its ratio's error, on hand-worked numbers."""
+"""The speculative benchmark: its oracle bound and ratio error on hand-worked numbers, and a run end to end."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from specroll.benchmarks.spec_vs_plain import oracle_accepted, repeat_ratio_se
+from specroll.benchmarks.spec_vs_plain import main, oracle_accepted, repeat_ratio_se
 
 # Position j holds the policy's probability of the response token r_j (realised) and its
 # largest probabilities at that position (top). The root is r_0; a tree predicts r_1, r_2 ...
@@ -42,3 +42,14 @@ def test_the_ratio_standard_error_by_hand():
     pairs = [(100.0, 110.0), (50.0, 45.0), (80.0, 80.0)]
     assert math.isclose(repeat_ratio_se(pairs), 0.1 / math.sqrt(3))
     assert repeat_ratio_se(pairs[:1]) is None
+
+
+def test_speculative_responses_are_the_plain_ones_token_for_token(smollm2, tmp_path):
+    """End to end on SmolLM2 with its shipped heads and tree steps that skip host reads: at the
+    benchmark's sampling settings every speculative response is the plain one for its seed,
+    and the trees were accepted into (more than one token per verify step)."""
+    result = main(["--concurrency", "2", "--grpo", "2x2", "--max-new-tokens", "12", "--budget", "fixed",
+                   "--fixed-nodes", "4", "--sync-free-trees", "on", "--json", str(tmp_path / "out.json")])
+    assert [row["setting"] for row in result["rows"]] == ["concurrency 2", "grpo 2x2"]
+    for row in result["rows"]:
+        assert row["same_responses"] == 1.0 and row["tokens_per_step"] > 1.0

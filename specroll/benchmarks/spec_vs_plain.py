@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fixed-nodes", type=int, default=8)
     ap.add_argument("--max-nodes", type=int, default=16)
     ap.add_argument("--capacity", type=int, default=None, help="C_hw override (default: hardware profile)")
+    ap.add_argument("--sync-free-trees", choices=["auto", "on", "off"], default="auto",
+                    help="tree steps without host reads (spec.sync_free_trees; auto: on GPUs only)")
     ap.add_argument("--no-context-lookup", action="store_true", help="draft with the heads only (see spec/lookup.py)")
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32])
     ap.add_argument("--grpo", default="8x8", help="prompts x responses, or '' to skip")
@@ -131,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
     heads_path = None if args.heads == "untrained" else args.heads
     spec = SpecConfig(head_type=args.head_type, heads_path=heads_path, budget=args.budget,
                       fixed_nodes=min(args.fixed_nodes, args.max_nodes), max_nodes=args.max_nodes,
-                      capacity=args.capacity, context_lookup=not args.no_context_lookup)
+                      capacity=args.capacity, context_lookup=not args.no_context_lookup,
+                      sync_free_trees={"auto": None, "on": True, "off": False}[args.sync_free_trees])
     modes = [("eager", False), ("compiled", True)] if args.compile else [("eager", False)]
     settings = [(f"concurrency {c}", c, 1) for c in args.concurrency]
     if args.grpo:
@@ -211,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
         budget += " (C_hw " + ", ".join(f"{c} {mode}" for mode, c in capacity.items()) + ")"
     print(f"\npolicy {args.policy}, heads {heads_path or 'untrained ' + args.head_type}, budget {budget}, "
           f"context lookup {'off' if args.no_context_lookup else 'on'}, prompts from {source}, device {device}, {args.dtype}, "
-          f"temperature {args.temperature}, top_p {args.top_p}")
+          f"temperature {args.temperature}, top_p {args.top_p}, sync-free trees {args.sync_free_trees}")
     print(f"{'setting':>16} {'step':>8} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'± s.e.':>6} {'decode':>6} "
           f"{'tok/step':>8} {'oracle':>7} {'drafting':>8} {'lookup':>6} {'same':>5}  budget trace")
     for row in rows:
