@@ -111,8 +111,11 @@ def test_sync_free_tree_steps_generate_and_count_what_reading_every_step_does(mo
                           sync_every=1000).generate(PROMPTS, params) for mode in (False, True)]
     assert outs[0].token_ids == outs[1].token_ids
     assert outs[0].finish_reasons == outs[1].finish_reasons
-    for key in ("tokens_per_step_hist", "acceptance_by_depth", "drafted_tokens", "drafted_response_steps"):
+    for key in ("tokens_per_step_hist", "acceptance_by_depth", "drafted_tokens", "drafted_response_steps",
+                "active_rows_per_step", "budget_per_step", "verify_steps"):
         assert outs[0].stats[key] == outs[1].stats[key], key
+    # Steps that ran after the last row finished, before the next read, are no steps.
+    assert outs[1].stats["verify_steps"] == len(outs[1].stats["active_rows_per_step"]) == outs[1].stats["steps"]
     # Every kept token after the first came out of a pass (a pass may emit past a stop token).
     assert outs[0].stats["drafted_tokens"] >= sum(len(t) for t in outs[0].token_ids) - len(outs[0].token_ids)
 

@@ -449,3 +449,12 @@ def test_cost_model_recovers_from_a_slow_first_draft(model, tmp_path, monkeypatc
     # tree steps (0.01 s) and the cost model counts the difference as a tree step's own work.
     assert max(decoder.drafting_s()) < 2.0
 
+
+
+def test_heads_of_another_depth_count_their_own_depths(model):
+    """Swapping in heads of fewer depths between generate calls restarts the per-depth counters."""
+    engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="fixed", fixed_nodes=4, sync_free_trees=True))
+    params = SamplingParams(max_new_tokens=12, n=2, seed=4)
+    assert len(engine.generate([[3, 4, 5]], params).stats["acceptance_by_depth"]) == 4
+    engine.decoder.set_heads(HorizonHeads.for_model(model, "path", 2))
+    assert len(engine.generate([[3, 4, 5]], params).stats["acceptance_by_depth"]) == 2

@@ -131,7 +131,7 @@ class RolloutSection:
     fastgrpo: FastGRPOConfig = field(default_factory=FastGRPOConfig)  # the FastGRPO-style baseline; used when mode is fastgrpo
     # Run the plain decode step compiled (torch.compile; CUDA graphs on GPUs); false = eager.
     compile: bool = False
-    sync_every: int = 8  # decode steps between host reads of finished rows (a tree step with Reflex, records or the cost model reads), >= 1
+    sync_every: int = 8  # decode steps between host reads of finished rows (a tree step reads unless spec.sync_free_trees applies), >= 1
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, ROLLOUT_MODES)

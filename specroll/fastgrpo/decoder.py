@@ -64,15 +64,13 @@ class FastGRPODecoder:
         self.drafter = drafter.eval().use_prepacked_linears()
 
     def reset_stats(self) -> None:
-        self.counts = PassCounts(self.cfg.max_depth + 1, self.cfg.max_depth, next(self.model.parameters()).device)
+        self.pass_counts = PassCounts(self.cfg.max_depth + 1, self.cfg.max_depth, next(self.model.parameters()).device)
         self.stats = {"budget_per_step": [], "time_draft_s": 0.0, "time_verify_s": 0.0, "time_bookkeeping_s": 0.0,
                       "verify_steps": 0}
 
     def pop_stats(self) -> dict:
         """The generate call's stats, with the keys of `SpecDecoder.pop_stats` (no context lookup here)."""
-        counts = self.counts.read()
-        out = verify_pass_stats(self.stats, counts) | {"drafted_response_steps": counts["drafted_response_steps"],
-                                                       "drafted_tokens": counts["drafted_tokens"], "lookup_token_share": 0.0}
+        out = verify_pass_stats(self.stats, self.pass_counts.read()) | {"lookup_token_share": 0.0}
         self.reset_stats()
         return out
 
@@ -206,7 +204,7 @@ class FastGRPODecoder:
     def record(self, verdict, shape: TreeShape, live: torch.Tensor) -> None:
         self.stats["verify_steps"] += 1
         self.stats["budget_per_step"].append(shape.nodes)
-        self.counts.add_pass(verdict.counts, live, verdict.accepted_at_depth)
+        self.pass_counts.add_pass(verdict.counts, live, verdict.accepted_at_depth)
 
     def pop_training_data(self, token_ids: list[list[int]]) -> DraftSequences | None:
         """The last generate call's responses (`RolloutOutput.token_ids`) with the policy's features

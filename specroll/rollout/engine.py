@@ -152,6 +152,15 @@ class PlainDecoder:
         return self.decode.pop()
 
 
+def without_idle_steps(decoder_stats: dict, rows_per_step: list[int]) -> dict:
+    """A decoder's stats without the steps that ran after every row had finished (sync-free steps
+    before the next read emit nothing), so its per-step list lines up with `active_rows_per_step`."""
+    if "budget_per_step" not in decoder_stats:
+        return decoder_stats
+    budgets = [b for b, rows in zip(decoder_stats["budget_per_step"], rows_per_step) if rows]
+    return decoder_stats | {"budget_per_step": budgets, "verify_steps": len(budgets)}
+
+
 def sample_next(logits: torch.Tensor, rng: RowRandom, params: SamplingParams):
     """Sample one token per row from [B, V] logits with each row's own random stream."""
     logprobs = sampling_logprobs(logits, params)
@@ -265,7 +274,7 @@ class RolloutEngine:
         max_steps = int(row_caps.max()) - 1
         active = torch.zeros(max_steps + 1, dtype=torch.long, device=self.device)  # live rows per step
         bar = tqdm(total=int(row_caps.sum()), desc="rollout", unit="tok", disable=not self.show_progress)
-        steps, unread = 0, 0  # unread: plain steps that may still run before the next host read
+        steps, unread = 0, 0  # unread: sync-free steps that may still run before the next host read
         self.record(StepResult(first[:, None], first_lp[:, None], torch.ones_like(first)), state, responses)
         while True:
             sync_free = self.next_step_sync_free(state)
@@ -284,7 +293,8 @@ class RolloutEngine:
         bar.close()
 
         tokens, logprobs, finish = responses.to_lists()
-        active_per_step = [a for a in active[:steps].tolist() if a]
+        ran = active[:steps].tolist()
+        active_per_step = [a for a in ran if a]
         elapsed = time.perf_counter() - started
         num_tokens = sum(len(t) for t in tokens)
         stats = {
@@ -295,7 +305,7 @@ class RolloutEngine:
             "prefill_s": prefill_s,
             "tokens_per_s": num_tokens / max(elapsed, 1e-9),
         }
-        stats.update(getattr(self.decoder, "pop_stats", dict)())
+        stats.update(without_idle_steps(getattr(self.decoder, "pop_stats", dict)(), ran))
         return RolloutOutput(tokens, logprobs, finish, stats)
 
     def prefill(self, prompts: TokenHistory, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:

@@ -99,7 +99,6 @@ class SpecDecoder:
         self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout,
                                        record_nodes=cfg.record_nodes)
                         if cfg.uses_slow_path else None)
-        self.reset_stats()
 
     def profiled_pass(self, ids: torch.Tensor, cache, mask: torch.Tensor) -> None:
         """One hardware-profile cell through this decoder's own steps: the plain step (sampling at
@@ -146,20 +145,18 @@ class SpecDecoder:
         self.typical_per_row: torch.Tensor | None = None  # the same, averaged slowly
         self.steps_since_full_draft = 0
         self.lookup_acceptance = LookupAcceptance(self.cfg.lookup_ngram, heads.num_heads, self.cfg.calibration_momentum, device)
+        self.reset_stats()  # counters per depth of these heads
 
     def reset_stats(self) -> None:
-        self.counts = PassCounts(self.cfg.max_nodes, self.heads.num_heads, next(self.model.parameters()).device)
+        self.pass_counts = PassCounts(self.cfg.max_nodes, self.heads.num_heads, next(self.model.parameters()).device)
         self.stats = {"budget_per_step": [], "time_draft_s": 0.0, "time_verify_s": 0.0, "time_bookkeeping_s": 0.0,
                       "verify_steps": 0, "time_reflex_s": 0.0, "reflex_on_steps": 0, "reflex_records": 0,
                       "reflex_reliability": 0.0, "reflex_state_rms": 0.0, "reflex_resets": 0, "time_records_s": 0.0}
 
     def pop_stats(self) -> dict:
-        s, counts = self.stats, self.counts.read()
-        out = verify_pass_stats(s, counts) | {
-            "drafted_response_steps": counts["drafted_response_steps"],
-            "drafted_tokens": counts["drafted_tokens"],
-            "lookup_token_share": counts["lookup_accepted"] / max(counts["drafts_accepted"], 1),
-        } | self.compile_stats()
+        s, counts = self.stats, self.pass_counts.read()
+        out = verify_pass_stats(s, counts) | self.compile_stats()
+        out["lookup_token_share"] = counts["lookup_accepted"] / max(counts["drafts_accepted"], 1)
         if self.records is not None:
             out["time_records_s"] = s["time_records_s"]
         if self.reflex is not None:
@@ -227,7 +224,7 @@ class SpecDecoder:
     @torch.inference_mode()
     def step(self, state: DecodeState) -> StepResult:
         t0 = time.perf_counter()
-        batch = state.last_tokens.shape[0]  # finished rows included before a plain step
+        batch = state.last_tokens.shape[0]  # finished rows included before a sync-free step
         roots, hidden = state.last_tokens, state.last_hidden
         drafts, cands, lookup = self.planned_step_drafts(state.live_rows), None, None
         budget = 1 if drafts == 0 else drafts + 1
@@ -243,7 +240,7 @@ class SpecDecoder:
             else:
                 self.steps_since_full_draft += 1
         if budget == 1:
-            self.counts.add_plain(state.live)  # finished rows emit nothing
+            self.pass_counts.add_plain(state.live)  # finished rows emit nothing
         tree = select_tree(cands, budget - 1) if budget > 1 else None
         t1 = time.perf_counter()
         if budget > 1:
@@ -276,10 +273,11 @@ class SpecDecoder:
 
     def verify_pass(self, state: DecodeState, tree, budget: int):
         """One forward over every row's root and tree, the exact acceptance rule, and the
-        accepted paths kept in the cache: (verdict, logits, sampling log-probs)."""
+        accepted paths kept in the cache: (verdict, logits, sampling log-probs). Finished rows
+        keep nothing, and their cache length is set to 0 (see below)."""
         roots, cache = state.last_tokens, state.cache
         lengths = cache.lengths[: roots.shape[0]]
-        # A finished row waiting in a sync-free batch drafts from slot 0 on, so its tree always fits in the cache.
+        # A finished row waiting in a sync-free batch has its tree written from slot 0, so it always fits in the cache.
         lengths.mul_(state.live)
         # Padded to a bucket of node counts, so the compiled forward meets few shapes.
         nodes = node_bucket(budget, self.cfg.max_nodes)
@@ -433,7 +431,7 @@ class SpecDecoder:
         self.stats["verify_steps"] += 1
         self.stats["budget_per_step"].append(budget)
         if budget > 1:  # a plain step's one token per live row is counted in step
-            self.counts.add_pass(verdict.counts, live, verdict.accepted_at_depth, on_chain)
+            self.pass_counts.add_pass(verdict.counts, live, verdict.accepted_at_depth, on_chain)
 
 
 def node_bucket(nodes: int, max_nodes: int) -> int:
@@ -462,11 +460,13 @@ def tree_forward(model, ids: torch.Tensor, positions: torch.Tensor, cache, mask:
 
 def verify_pass_stats(s: dict, counts: dict) -> dict:
     """The stats keys every tree decoder reports, from its step counters `s` and `PassCounts.read()`."""
-    hist = counts["tokens_per_step"]
+    hist = counts["tokens_per_step_hist"]
     emitted = sum(k * v for k, v in hist.items())
     return {
         "verify_steps": s["verify_steps"],
         "tokens_per_step_hist": hist,
+        "drafted_response_steps": counts["drafted_response_steps"],
+        "drafted_tokens": counts["drafted_tokens"],
         "tokens_per_step_mean": emitted / max(sum(hist.values()), 1),
         "acceptance_by_depth": [a / r if r else 0.0 for a, r in zip(counts["accepted_by_depth"], counts["reached_by_depth"])],
         "budget_per_step": s["budget_per_step"],

@@ -6,6 +6,8 @@ read, and `read` turns them into numbers when the call ends.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 
@@ -15,7 +17,7 @@ class PassCounts:
     of plain passes (one token each, nothing drafted)."""
 
     def __init__(self, max_tokens: int, max_depth: int, device) -> None:
-        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=device)  # noqa: E731
+        zeros = partial(torch.zeros, dtype=torch.long, device=device)
         self.passes_by_tokens = zeros(max_tokens + 1)  # [k]: tree row-passes that emitted k tokens
         self.accepted_by_depth = zeros(max_depth)
         self.reached_by_depth = zeros(max_depth)
@@ -44,8 +46,8 @@ class PassCounts:
         self.plain_rows += live.sum()
 
     def read(self) -> dict:
-        """The counts as numbers, in one host read: `tokens_per_step` {k: row-passes} with plain
-        row-steps under 1, `drafted_response_steps` and `drafted_tokens` of tree passes alone,
+        """The counts as numbers, in one host read: `tokens_per_step_hist` {k: row-passes} with
+        plain row-steps under 1, `drafted_response_steps` and `drafted_tokens` of tree passes alone,
         `drafts_accepted`, `lookup_accepted`, and per depth `accepted_by_depth`, `reached_by_depth`."""
         flat = torch.cat((self.passes_by_tokens, self.accepted_by_depth, self.reached_by_depth,
                           self.lookup_accepted[None], self.plain_rows[None])).tolist()
@@ -56,7 +58,7 @@ class PassCounts:
         hist = {k: n for k, n in enumerate(by_tokens) if n}
         if flat[-1]:
             hist[1] = hist.get(1, 0) + flat[-1]
-        return {"tokens_per_step": dict(sorted(hist.items())), "drafted_response_steps": drafted_steps,
+        return {"tokens_per_step_hist": dict(sorted(hist.items())), "drafted_response_steps": drafted_steps,
                 "drafted_tokens": drafted_tokens, "drafts_accepted": drafted_tokens - drafted_steps,
                 "accepted_by_depth": flat[tokens:tokens + depth], "reached_by_depth": flat[tokens + depth:tokens + 2 * depth],
                 "lookup_accepted": flat[-2]}
