@@ -156,10 +156,12 @@ def test_compiled_step_generates_what_the_eager_step_does(model):
     assert compiled.generate(PROMPTS, params).stats["compiles"] == 0, "a repeated call recompiles"
 
 
-def test_compiled_verify_forward_generates_what_the_eager_one_does(model):
+@pytest.mark.parametrize("sync_free_trees", [False, True])
+def test_compiled_verify_forward_generates_what_the_eager_one_does(model, sync_free_trees):
     """The speculative engine with compiled steps (tree verify forwards padded to node-count
-    buckets, and the plain step): greedy outputs identical to eager."""
-    spec = SpecConfig(heads_path=None, budget="fixed", fixed_nodes=6, max_nodes=8)
+    buckets, and the plain step), with tree steps that read and that do not (finished rows
+    riding along, as on GPUs): greedy outputs identical to eager."""
+    spec = SpecConfig(heads_path=None, budget="fixed", fixed_nodes=6, max_nodes=8, sync_free_trees=sync_free_trees)
     params = SamplingParams(temperature=0.0, max_new_tokens=20, n=2)
     eager = RolloutEngine(model, spec=spec).generate(PROMPTS, params)
     compiled = RolloutEngine(model, spec=spec, compile=True).generate(PROMPTS, params)
