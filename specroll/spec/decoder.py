@@ -85,7 +85,7 @@ class SpecDecoder:
         self.budget = resolve_budget(cfg.budget, device_type)
         self.trees_may_skip_reads = device_type == "cuda" if cfg.sync_free_trees is None else cfg.sync_free_trees
         if compile and device_type == "cuda":
-            warnings.warn("compiled on a GPU, the plain step outruns speculation 2-4x (its tree steps draft and "
+            warnings.warn("compiled on a GPU, plain decoding outruns speculation (its tree steps draft and "
                           "verify eagerly around a compiled forward; docs/guide.md, Compiled decoding): "
                           "rollout=vanilla is faster there")
         if compile:
