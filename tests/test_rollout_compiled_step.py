@@ -169,17 +169,38 @@ def test_compiled_verify_forward_generates_what_the_eager_one_does(model, sync_f
     assert compiled.stats["verify_steps"] == eager.stats["verify_steps"]
 
 
-def test_a_compiled_decoder_compiles_up_front_what_it_runs(model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("sync_free_trees", [False, True])
+def test_a_compiled_decoder_compiles_up_front_what_it_runs(model, tmp_path, monkeypatch, sync_free_trees):
     """A compiled decoder compiles its graphs when built, and its hardware profile times them
     (cached apart from the eager profile), so generating compiles nothing: trees verified at
-    batch 1 and above, with attended spans shorter than the cache. So does a decoder that
-    finds the profile cached."""
+    batch 1 and above, with attended spans shorter than the cache, and (sync-free) drafted
+    and judged at every node bucket and budget the concurrency budget gives. So does a decoder
+    that finds the profile cached."""
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
-    spec = SpecConfig(heads_path=None, budget="concurrency", max_nodes=8, profile_cache_len=32)
+    spec = SpecConfig(heads_path=None, budget="concurrency", max_nodes=8, profile_cache_len=32,
+                      sync_free_trees=sync_free_trees)
     for _ in ("measures the profile", "finds it cached"):
         engine = RolloutEngine(model, spec=spec, compile=True)
         assert engine.decoder.profile.compiled
         engine.decoder.capacity = 16  # verify trees whatever C_hw the tiny model's timings gave
+        engine.decoder.compile_stats()  # what was compiled up front (nothing the second time, or after other tests)
         out = engine.generate(PROMPTS, SamplingParams(max_new_tokens=80, n=2, seed=1))
         assert max(out.stats["budget_per_step"]) > 1 and max(out.stats["tokens_per_step_hist"]) > 1
+        assert len(set(out.stats["budget_per_step"])) >= 3
         assert out.stats["compiles"] == 0
+
+
+def test_compiled_tree_steps_sized_on_the_host_generate_what_eager_ones_do(model):
+    """Drafting and judging compiled beside the verify forward (sync-free tree steps, as on
+    GPUs), under a concurrency budget whose trees change size as rows finish: greedy and sampled
+    responses identical to eager, and so are the statistics the decoder counts."""
+    spec = SpecConfig(heads_path=None, budget="concurrency", capacity=16, max_nodes=8, sync_free_trees=True)
+    eager, compiled = RolloutEngine(model, spec=spec, sync_every=4), RolloutEngine(model, spec=spec, compile=True, sync_every=4)
+    for params in (SamplingParams(temperature=0.0, max_new_tokens=24, n=3), SamplingParams(max_new_tokens=24, n=3, seed=3)):
+        a, b = eager.generate(PROMPTS, params), compiled.generate(PROMPTS, params)
+        assert a.token_ids == b.token_ids and a.finish_reasons == b.finish_reasons
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert x == pytest.approx(y, abs=1e-4)
+        for name in ("budget_per_step", "tokens_per_step_hist", "acceptance_by_depth", "lookup_token_share"):
+            assert a.stats[name] == b.stats[name], name
+        assert len(set(a.stats["budget_per_step"])) >= 2

@@ -92,7 +92,7 @@ def test_tree_pass_logits_equal_plain_forward_on_each_path_and_compaction_matche
     ids = torch.cat((roots[:, None], tree.tokens), 1)
     positions = cache.lengths[:, None] + torch.cat((torch.zeros(2, 1, dtype=torch.long), tree.depths), 1)
     with torch.no_grad():
-        out = model(ids, position_ids=positions, cache=cache, new_token_mask=tree_attention_mask(tree))
+        out = model(ids, position_ids=positions, cache=cache, new_token_mask=tree_attention_mask(tree, 3))
     for b, prompt in enumerate(prompts):
         for node in range(8):
             path, v = [], node
@@ -133,7 +133,7 @@ def test_greedy_verification_accepts_exactly_the_argmax_chain(model):
     ids = torch.cat((roots[:, None], tree.tokens), 1)
     positions = cache.lengths[:, None] + torch.cat((torch.zeros(1, 1, dtype=torch.long), tree.depths), 1)
     with torch.no_grad():
-        out = model(ids, position_ids=positions, cache=cache, new_token_mask=tree_attention_mask(tree))
+        out = model(ids, position_ids=positions, cache=cache, new_token_mask=tree_attention_mask(tree, 3))
     logprobs = torch.log_softmax(out.logits.float(), -1)
     verdict = verify_tree(logprobs, tree, None, greedy=True, max_depth=3)
     emitted = verdict.tokens[0, : int(verdict.counts[0])].tolist()

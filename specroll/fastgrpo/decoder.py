@@ -94,7 +94,7 @@ class FastGRPODecoder:
         ids = torch.cat((roots[:, None], tree.tokens), dim=1)
         depths = torch.cat((torch.zeros_like(roots[:, None]), tree.depths), 1)
         out = self.model(ids, position_ids=base[:, None] + depths, cache=state.cache,
-                         new_token_mask=tree_attention_mask(tree))
+                         new_token_mask=tree_attention_mask(tree, levels))
         logprobs = sampling_logprobs(out.logits, state.params)
         uniforms = None if state.params.greedy else state.rng.peek(depths)
         verdict = self.verify(logprobs, tree, uniforms, state.params.greedy, levels)

@@ -48,8 +48,9 @@ class KVCache:
         return cls(cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim, p.dtype, p.device, live_rows)
 
     def mark_static(self) -> None:
-        """Tell torch.compile the tensors stay at one address (CUDA graphs write them in place)."""
-        for tensor in (*self.k, *self.v):
+        """Tell torch.compile the tensors stay at one address (CUDA graphs write them in place,
+        the lengths too where a compiled tree step keeps its accepted path)."""
+        for tensor in (*self.k, *self.v, self.lengths):
             torch._dynamo.mark_static_address(tensor)
 
     # -- used by the attention layers during a forward ------------------------------------

@@ -37,11 +37,13 @@ class StepFunction:
         else:
             self.fn = fn
 
-    def __call__(self, *args):
+    def __call__(self, *args, begins_step: bool = True):
+        """`fn(*args)`. A call that does not begin a step runs after others of the same step whose
+        outputs it reads: on a GPU their CUDA graphs' outputs must then stay alive."""
         if not self.compiled:
             return self.fn(*args)
-        if self.on_cuda:
-            # Outputs of the previous replay have been consumed: its buffers may be reused.
+        if self.on_cuda and begins_step:
+            # Outputs of the previous step's replays have been consumed: their buffers may be reused.
             torch.compiler.cudagraph_mark_step_begin()
         before, started = graphs_compiled(), time.perf_counter()
         out = self.fn(*args)

@@ -14,7 +14,8 @@ import torch
 from ..rollout.compiled_step import StepFunction
 from ..models import KVCache
 from ..rollout.engine import DecodeState, PlainDecoder, StepResult, cache_shape, span_bucket
-from ..rollout.sampling import SamplingParams, sampling_logprobs
+from ..rollout.sampling import RowRandom, SamplingParams, sampling_logprobs
+from ..rollout.token_history import TokenHistory
 from .budget import concurrency_budget, cost_model_budget, resolve_budget, speculation_may_pay
 from .config import SpecConfig
 from .head_records import RecordCollector
@@ -24,7 +25,8 @@ from .maturation import matured_proposals
 from .pass_counts import PassCounts
 from .profile import get_profile
 from .reflex import FastState, SafetyGuard, matured_feedback, rms
-from .tree import draft_candidates, select_tree, tree_attention_mask
+from .tree import draft_candidates, select_tree
+from .tree_step import TreeShape, calibrated, draft_tree_step, judge_tree_step, padded_tree_inputs
 from .verify import Verdict, verify_tree
 
 
@@ -74,22 +76,32 @@ class SpecDecoder:
     def __init__(self, model, cfg: SpecConfig, heads: HorizonHeads | None = None, compile: bool = False) -> None:
         self.model, self.cfg = model, cfg
         self.plain = PlainDecoder(model, compile)  # the step where no tree is verified
-        self.verify_forward = StepFunction(tree_forward, compile, next(model.parameters()).device)
+        device = next(model.parameters()).device
+        self.verify_forward = StepFunction(tree_forward, compile, device)
+        # Tree steps sized on the host run their drafting and judging as fixed-shape functions too.
+        self.draft_tree_step = StepFunction(draft_tree_step, compile, device)
+        self.judge_tree_step = StepFunction(judge_tree_step, compile, device)
         # The acceptance rule; exactness tests swap in a deliberately biased one as a negative control.
         self.verify = verify_tree
         self.max_tokens_per_step = cfg.max_nodes
         self.heads: HorizonHeads | None = None
         self.set_heads(heads if heads is not None else initial_heads(model, cfg))
         self.profile = None
-        device_type = next(model.parameters()).device.type
+        device_type = device.type
         self.budget = resolve_budget(cfg.budget, device_type)
         self.trees_may_skip_reads = device_type == "cuda" if cfg.sync_free_trees is None else cfg.sync_free_trees
-        if compile and device_type == "cuda":
-            warnings.warn("compiled on a GPU, plain decoding outruns speculation (its tree steps draft and "
-                          "verify eagerly around a compiled forward; docs/guide.md, Compiled decoding): "
-                          "rollout=vanilla is faster there")
+        self.reflex = cfg.reflex if cfg.uses_reflex else None
+        self.guard = SafetyGuard(cfg.reflex)
+        self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout,
+                                       record_nodes=cfg.record_nodes)
+                        if cfg.uses_slow_path else None)
+        if compile and device_type == "cuda" and not self.sync_free_trees:
+            warnings.warn("compiled on a GPU, plain decoding outruns tree steps that read on the host (the cost "
+                          "model, Reflex, head records: they draft and verify eagerly around a compiled forward; "
+                          "docs/guide.md, Compiled decoding): rollout=vanilla is faster there")
         if compile:
             self.compile_steps()
+            self.start_running_estimates()  # outside inference mode, as set_heads; the warm-up taught them nothing
         if self.budget == "cost_model" or (self.budget == "concurrency" and cfg.capacity is None):
             self.profile = get_profile(model, cfg.profile_cache_len, self.profiled_pass if compile else None)
         self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
@@ -98,11 +110,6 @@ class SpecDecoder:
         self.draft_s = [0.0] * (self.heads.num_heads + 1)
         self.plain_extra_s: float | None = None
         self.tree_extra_s: float | None = None
-        self.reflex = cfg.reflex if cfg.uses_reflex else None
-        self.guard = SafetyGuard(cfg.reflex)
-        self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout,
-                                       record_nodes=cfg.record_nodes)
-                        if cfg.uses_slow_path else None)
 
     def profiled_pass(self, ids: torch.Tensor, cache, mask: torch.Tensor) -> None:
         """One hardware-profile cell through this decoder's own steps: the plain step (sampling at
@@ -118,12 +125,14 @@ class SpecDecoder:
 
     @torch.inference_mode()
     def compile_steps(self) -> None:
-        """Compile every graph decoding meets (the plain step and the verify forward, at batch 1
-        and above) now: lazily, the first tree of a run would stall it for minutes on a CPU."""
+        """Compile every graph decoding meets (the plain step, the verify forward and, for tree
+        steps sized on the host, drafting and judging, at batch 1 and above) now: lazily, the
+        first tree of a run would stall it for minutes on a CPU."""
         device = next(self.model.parameters()).device
-        # Sizes that equal no other (3 cache rows, batch 2, 4 nodes): dynamo would otherwise
-        # assume that two sizes it saw equal always are, and recompile when they are not.
-        cache = KVCache.for_model(self.model, *cache_shape(3, 4))
+        # Sizes that equal no other (5 cache rows, batch 2, 4 nodes, 11 history slots; 3 lookup n-grams
+        # and 4 heads by default): dynamo would otherwise assume that two sizes it saw equal always
+        # are, and recompile when they are not.
+        cache = KVCache.for_model(self.model, *cache_shape(5, 4))
         if device.type == "cuda":
             cache.mark_static()  # as the engine's
         for batch in (1, 2):
@@ -131,6 +140,17 @@ class SpecDecoder:
                 ids = torch.zeros(batch, nodes, dtype=torch.long, device=device)
                 mask = torch.ones(nodes, nodes, dtype=torch.bool, device=device).tril().repeat(batch, 1, 1)
                 self.profiled_pass(ids, cache, mask)
+        if self.sync_free_trees:
+            for batch in (1, 2):
+                state = warm_up_state(self.model, cache, batch)
+                for nodes in self.tree_buckets():
+                    self.tree_step_sized_on_host(state, nodes)
+
+    def tree_buckets(self) -> list[int]:
+        """Node buckets of the tree steps sized on the host that this decoder's budget can run."""
+        cfg = self.cfg
+        sizes = [cfg.fixed_nodes] if self.budget == "fixed" else range(max(cfg.min_nodes, 2), cfg.max_nodes + 1)
+        return sorted({node_bucket(max(n, 4), cfg.max_nodes) for n in sizes if n > 1})
 
     def set_heads(self, heads: HorizonHeads) -> None:
         """Use `heads` from the next step on (call between generate calls). A later version of the
@@ -138,9 +158,12 @@ class SpecDecoder:
         draft, which a small update barely moves; other heads start them afresh."""
         updated = self.heads is not None and heads.num_heads == self.heads.num_heads and heads.version > self.heads.version
         self.heads = heads.eval().use_prepacked_linears()
-        if updated:
-            return
-        device = next(self.model.parameters()).device
+        if not updated:
+            self.start_running_estimates()
+
+    def start_running_estimates(self) -> None:
+        """The heads' calibration, the cost model's and the lookup's estimates at their priors."""
+        device, heads = next(self.model.parameters()).device, self.heads
         # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
         self.observed = torch.ones(heads.num_heads, device=device)
         self.predicted = torch.ones(heads.num_heads, device=device)
@@ -175,9 +198,9 @@ class SpecDecoder:
         return out
 
     def compile_stats(self) -> dict:
-        """Graphs compiled since the last pop (plain steps and verify forwards) and their seconds."""
-        plain, verify = self.plain.pop_stats(), self.verify_forward.pop()
-        return {name: plain[name] + verify[name] for name in plain}
+        """Graphs compiled since the last pop (of every step function) and their seconds."""
+        steps = [self.plain.pop_stats(), *(f.pop() for f in (self.verify_forward, self.draft_tree_step, self.judge_tree_step))]
+        return {name: sum(step[name] for step in steps) for name in steps[0]}
 
     def log_calibration(self) -> torch.Tensor:
         return (self.observed / self.predicted).log()
@@ -227,6 +250,8 @@ class SpecDecoder:
 
     @torch.inference_mode()
     def step(self, state: DecodeState) -> StepResult:
+        if self.sync_free_trees and self.node_budget(state.live_rows) > 1:
+            return self.tree_step_sized_on_host(state, self.node_budget(state.live_rows))
         t0 = time.perf_counter()
         batch = state.last_tokens.shape[0]  # finished rows included before a sync-free step
         roots, hidden = state.last_tokens, state.last_hidden
@@ -275,17 +300,52 @@ class SpecDecoder:
             self.note_pass(batch, budget, ended - t1)
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
 
+    def tree_step_sized_on_host(self, state: DecodeState, budget: int) -> StepResult:
+        """A tree step of `budget` nodes that reads nothing on the host (see `tree_step`):
+        drafting, the verify forward and judging, each compiled where compiling is on."""
+        t0 = time.perf_counter()
+        # Trees of 2 nodes verify in the 4-node bucket: a dimension of size 1 would be a graph of its own.
+        nodes = node_bucket(max(budget, 4), self.cfg.max_nodes)
+        shape = TreeShape(max(self.tree_buckets()) - 1, self.cfg.max_children, self.cfg.max_frontier,
+                          self.cfg.lookup_ngram if self.cfg.context_lookup else 0, self.cfg.calibration_momentum,
+                          self.lookup_acceptance.momentum, self.pass_counts.max_tokens)
+        cache, history = state.cache, state.history
+        lengths = cache.lengths[: state.batch_size]
+        # A finished row waiting in the batch has its tree written from slot 0, so it always fits in the cache.
+        lengths.mul_(state.live)
+        lookup_rate = self.lookup_acceptance.rate if shape.lookup_ngram else None
+        drafted = self.draft_tree_step(self.model, self.heads, state.last_tokens, state.last_hidden, self.observed,
+                                       self.predicted, history.tokens, history.lengths, lookup_rate, budget - 1,
+                                       nodes - 1, shape)
+        t1 = time.perf_counter()
+        logits, hidden = self.verify_forward(self.model, drafted.ids, lengths[:, None] + drafted.depths, cache,
+                                             drafted.mask, state.span(nodes), begins_step=False)
+        judged = self.judge_tree_step(self.verify, self.heads, drafted, logits, hidden, cache, state.live, state.rng.keys,
+                                      state.rng.counters, self.observed, self.predicted, lookup_rate, state.params, shape,
+                                      begins_step=False)
+        t2 = time.perf_counter()
+        # Copied, as what the next step reads: a GPU's next step replays over its graphs' outputs.
+        state.last_hidden, state.rng.counters = judged.last_hidden.clone(), judged.counters.clone()
+        with torch.inference_mode(False):  # the decoder's own estimates outlive the generate call
+            self.observed, self.predicted = judged.observed.clone(), judged.predicted.clone()
+            if lookup_rate is not None:
+                self.lookup_acceptance.rate = judged.lookup_rate.clone()
+        self.pass_counts.totals += judged.pass_increments
+        state.cached_bound += min(budget, self.heads.num_heads + 1)  # the longest path this tree can accept
+        self.stats["verify_steps"] += 1
+        self.stats["budget_per_step"].append(budget)
+        self.stats["time_draft_s"] += t1 - t0
+        self.stats["time_verify_s"] += t2 - t1
+        return StepResult(judged.tokens, judged.logprobs, judged.counts)
+
     def verify_pass(self, state: DecodeState, tree, budget: int):
         """One forward over every row's root and tree, the exact acceptance rule, and the
-        accepted paths kept in the cache: (verdict, logits, sampling log-probs). Finished rows
-        keep nothing, and their cache length is set to 0 (see below)."""
+        accepted paths kept in the cache: (verdict, logits, sampling log-probs)."""
         roots, cache = state.last_tokens, state.cache
         lengths = cache.lengths[: roots.shape[0]]
-        # A finished row waiting in a sync-free batch has its tree written from slot 0, so it always fits in the cache.
-        lengths.mul_(state.live)
         # Padded to a bucket of node counts, so the compiled forward meets few shapes.
         nodes = node_bucket(budget, self.cfg.max_nodes)
-        ids, depths, mask = padded_tree_inputs(roots, tree, nodes)
+        ids, depths, mask = padded_tree_inputs(roots, tree, nodes, self.heads.num_heads)
         logits, hidden = self.verify_forward(self.model, ids, lengths[:, None] + depths, cache, mask, state.span(nodes))
         logits, hidden = logits[:, :budget], hidden[:, :budget]
         logprobs = sampling_logprobs(logits, state.params)
@@ -418,17 +478,8 @@ class SpecDecoder:
         self.steps_since_full_draft = 0 if drafts == self.cfg.max_nodes - 1 else self.steps_since_full_draft + 1
 
     def update_calibration(self, verdict, live: torch.Tensor) -> None:
-        """Per depth: EMA of accepted rate vs the head mass drafted under the reached node, over live rows."""
-        acc = verdict.accepted_at_depth
-        reached = torch.cat((torch.ones_like(acc[:, :1]), acc[:, :-1]), 1) & live[:, None]
-        has_children = reached & (verdict.reached_node_prob > 0)
-        n = has_children.sum(0).clamp(min=1)
-        observed = (verdict.accepted_at_depth & has_children).sum(0) / n
-        predicted = (verdict.reached_node_prob * has_children).sum(0) / n
-        m = self.cfg.calibration_momentum
-        used = has_children.any(0)
-        self.observed = torch.where(used, m * self.observed + (1 - m) * observed.clamp(min=1e-3), self.observed)
-        self.predicted = torch.where(used, m * self.predicted + (1 - m) * predicted.clamp(min=1e-3), self.predicted)
+        self.observed, self.predicted = calibrated(self.observed, self.predicted, verdict, live,
+                                                   self.cfg.calibration_momentum)
 
     def record(self, verdict, budget: int, live: torch.Tensor, on_chain: torch.Tensor | None) -> None:
         """on_chain [B, depth]: emitted tokens that the context lookup chain held (None: no chain)."""
@@ -443,17 +494,14 @@ def node_bucket(nodes: int, max_nodes: int) -> int:
     return min(1 << (nodes - 1).bit_length(), max_nodes)
 
 
-def padded_tree_inputs(roots: torch.Tensor, tree, nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Token ids [B, nodes], depths [B, nodes] and ancestor mask [B, nodes, nodes] of every row's
-    root and tree, padded with nodes that see only themselves (their outputs are dropped)."""
-    pad = nodes - 1 - tree.num_drafts
-    ids = torch.nn.functional.pad(torch.cat((roots[:, None], tree.tokens), dim=1), (0, pad))
-    depths = torch.nn.functional.pad(torch.cat((torch.zeros_like(roots[:, None]), tree.depths), 1), (0, pad))
-    mask = tree_attention_mask(tree)
-    if pad:
-        mask = torch.nn.functional.pad(mask, (0, pad, 0, pad))
-        mask |= torch.eye(nodes, dtype=torch.bool, device=mask.device)
-    return ids, depths, mask
+def warm_up_state(model, cache: KVCache, batch: int) -> DecodeState:
+    """A decode state of `batch` rows of 3 prompt tokens in `cache`, to compile steps on."""
+    device = next(model.parameters()).device
+    history = TokenHistory.from_prompts([[0] * 3] * batch, 11, device)
+    cache.lengths.fill_(3)
+    last_hidden = torch.zeros(batch, model.config.hidden_size, device=device, dtype=next(model.parameters()).dtype)
+    return DecodeState(cache, history, torch.arange(batch, device=device), RowRandom(0, list(range(batch)), device),
+                       torch.zeros(batch, dtype=torch.long, device=device), last_hidden, SamplingParams())
 
 
 def tree_forward(model, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor, span: int):

@@ -138,7 +138,8 @@ class HorizonHeads(nn.Module):
     def draft_logits(self, states: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary. Prepacked on CPU: a packed copy of the rows,
         rebuilt whenever the policy's LM head (or the draft vocabulary) changes."""
-        if self.prepacked and uses_packed_weight(states):
+        # A compiled step multiplies by the rows themselves: inductor cannot take the packed copy.
+        if self.prepacked and uses_packed_weight(states) and not torch.compiler.is_compiling():
             sources = (lm_head_weight,) if self.draft_vocab is None else (lm_head_weight, self.draft_vocab)
             packed = self._packed_draft_lm_head.get(sources, lambda: self.draft_lm_head(lm_head_weight))
             if packed is not None:

@@ -125,21 +125,34 @@ class LookupAcceptance:
     def step_logp(self, lookup: LookupDrafts) -> torch.Tensor:
         """[B, depth] log acceptance estimates for each row's chain (rows without a match get
         the 1-token estimates, unused: their chain is not valid)."""
-        return self.rate[(lookup.ngram - 1).clamp(min=0), : lookup.tokens.shape[1]].log()
+        return chain_step_logp(self.rate, lookup)
 
     def update(self, lookup: LookupDrafts, emitted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Learn from the step's emitted tokens [B, >= depth] (first counts[r] real); returns
         [B, depth]: whether the chain's token at each depth was emitted on the chain."""
-        depth = lookup.tokens.shape[1]
-        seen = lookup.valid & (torch.arange(depth, device=counts.device)[None] < counts[:, None])
-        match = seen & (emitted[:, :depth] == lookup.tokens)
-        reached = torch.cat((torch.ones_like(match[:, :1]), match[:, :-1].long().cumprod(dim=1).bool()), dim=1)
-        observed = (seen & reached).float()
-        # [B, max_ngram]; a comparison, not one_hot, which reads the ids' range on the host.
-        by_ngram = (lookup.ngram[:, None] == torch.arange(1, self.rate.shape[0] + 1, device=counts.device)).float()
-        trials = by_ngram.T @ observed
-        accepted = by_ngram.T @ (observed * match)
-        m, old = self.momentum, self.rate[:, :depth]
-        rate = (accepted / trials.clamp(min=1)).clamp(min=1e-3)
-        self.rate[:, :depth] = torch.where(trials > 0, m * old + (1 - m) * rate, old)
-        return match & reached
+        self.rate, on_chain = learned_rates(self.rate, self.momentum, lookup, emitted, counts)
+        return on_chain
+
+
+def chain_step_logp(rate: torch.Tensor, lookup: LookupDrafts) -> torch.Tensor:
+    """`LookupAcceptance.step_logp` of the rates `rate` [max_ngram, depth']."""
+    return rate[(lookup.ngram - 1).clamp(min=0), : lookup.tokens.shape[1]].log()
+
+
+def learned_rates(rate: torch.Tensor, momentum: float, lookup: LookupDrafts, emitted: torch.Tensor,
+                  counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`LookupAcceptance.update` as a pure function: the new rates [max_ngram, depth'] and the
+    [B, depth] flags of chain tokens emitted on the chain."""
+    depth = lookup.tokens.shape[1]
+    seen = lookup.valid & (torch.arange(depth, device=counts.device)[None] < counts[:, None])
+    match = seen & (emitted[:, :depth] == lookup.tokens)
+    reached = torch.cat((torch.ones_like(match[:, :1]), match[:, :-1].long().cumprod(dim=1).bool()), dim=1)
+    observed = (seen & reached).float()
+    # [B, max_ngram]; a comparison, not one_hot, which reads the ids' range on the host.
+    by_ngram = (lookup.ngram[:, None] == torch.arange(1, rate.shape[0] + 1, device=counts.device)).float()
+    trials = by_ngram.T @ observed
+    accepted = by_ngram.T @ (observed * match)
+    old = rate[:, :depth]
+    learned = (accepted / trials.clamp(min=1)).clamp(min=1e-3)
+    new = torch.where(trials > 0, momentum * old + (1 - momentum) * learned, old)
+    return torch.cat((new, rate[:, depth:]), dim=1), match & reached

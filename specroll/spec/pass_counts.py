@@ -6,52 +6,33 @@ read, and `read` turns them into numbers when the call ends.
 """
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
 
 class PassCounts:
-    """Counts over the live rows of every pass: tokens emitted per row-pass, drafts accepted
-    and reached per depth, accepted drafts the context lookup chain held, and the row-steps
-    of plain passes (one token each, nothing drafted)."""
+    """Counts over the live rows of every pass, in one vector (`pass_increments` says what each
+    entry counts): tokens emitted per row-pass, drafts accepted and reached per depth, accepted
+    drafts the context lookup chain held, and the row-steps of plain passes (one token each)."""
 
     def __init__(self, max_tokens: int, max_depth: int, device) -> None:
-        zeros = partial(torch.zeros, dtype=torch.long, device=device)
-        self.passes_by_tokens = zeros(max_tokens + 1)  # [k]: tree row-passes that emitted k tokens
-        self.accepted_by_depth = zeros(max_depth)
-        self.reached_by_depth = zeros(max_depth)
-        self.lookup_accepted = zeros(())
-        self.plain_rows = zeros(())
+        self.max_tokens, self.max_depth = max_tokens, max_depth
+        self.totals = torch.zeros(max_tokens + 1 + 2 * max_depth + 2, dtype=torch.long, device=device)
 
     def add_pass(self, counts: torch.Tensor, live: torch.Tensor, accepted_at_depth: torch.Tensor,
                  on_chain: torch.Tensor | None = None) -> None:
-        """One tree pass: counts [B] emitted tokens, live [B] rows still generating (finished
-        rows wait in a sync-free batch and count for nothing), accepted_at_depth [B, d],
-        on_chain [B, depth]: emitted tokens the lookup chain held (None: no chain)."""
-        live_count = live.long()
-        self.passes_by_tokens.index_add_(0, counts, live_count)
-        acc = accepted_at_depth & live[:, None]
-        reached = torch.cat((live[:, None], acc[:, :-1]), 1)
-        depth = acc.shape[1]
-        self.accepted_by_depth[:depth] += acc.sum(0)
-        self.reached_by_depth[:depth] += reached.sum(0)
-        if on_chain is not None:
-            # Of the emitted tokens on the chain, those before the bonus token were accepted drafts.
-            as_draft = torch.arange(on_chain.shape[1], device=on_chain.device)[None] < (counts - 1)[:, None]
-            self.lookup_accepted += (on_chain & as_draft & live[:, None]).sum()
+        """One tree pass (see `pass_increments`)."""
+        self.totals += pass_increments(self.max_tokens, self.max_depth, counts, live, accepted_at_depth, on_chain)
 
     def add_plain(self, live: torch.Tensor) -> None:
         """One plain pass: every live row emits one token."""
-        self.plain_rows += live.sum()
+        self.totals[-1] += live.sum()
 
     def read(self) -> dict:
         """The counts as numbers, in one host read: `tokens_per_step_hist` {k: row-passes} with
         plain row-steps under 1, `drafted_response_steps` and `drafted_tokens` of tree passes alone,
         `drafts_accepted`, `lookup_accepted`, and per depth `accepted_by_depth`, `reached_by_depth`."""
-        flat = torch.cat((self.passes_by_tokens, self.accepted_by_depth, self.reached_by_depth,
-                          self.lookup_accepted[None], self.plain_rows[None])).tolist()
-        tokens, depth = len(self.passes_by_tokens), len(self.accepted_by_depth)
+        flat = self.totals.tolist()
+        tokens, depth = self.max_tokens + 1, self.max_depth
         by_tokens = flat[:tokens]
         drafted_steps = sum(by_tokens)
         drafted_tokens = sum(k * n for k, n in enumerate(by_tokens))
@@ -62,3 +43,24 @@ class PassCounts:
                 "drafted_tokens": drafted_tokens, "drafts_accepted": drafted_tokens - drafted_steps,
                 "accepted_by_depth": flat[tokens:tokens + depth], "reached_by_depth": flat[tokens + depth:tokens + 2 * depth],
                 "lookup_accepted": flat[-2]}
+
+
+def pass_increments(max_tokens: int, max_depth: int, counts: torch.Tensor, live: torch.Tensor,
+                    accepted_at_depth: torch.Tensor, on_chain: torch.Tensor | None = None) -> torch.Tensor:
+    """What one tree pass adds to `PassCounts.totals`: [row-passes that emitted k = 0..max_tokens
+    tokens, accepted drafts per depth, reached depths per depth, accepted drafts on the lookup
+    chain, 0 (plain row-steps)]. counts [B] emitted tokens, live [B] rows still generating
+    (finished rows wait in a sync-free batch and count for nothing), accepted_at_depth [B, d],
+    on_chain [B, depth]: emitted tokens the lookup chain held (None: no chain)."""
+    live_count = live.long()
+    by_tokens = torch.zeros(max_tokens + 1, dtype=torch.long, device=counts.device).index_add(0, counts, live_count)
+    acc = accepted_at_depth & live[:, None]
+    reached = torch.cat((live[:, None], acc[:, :-1]), 1)
+    unreached = torch.zeros(max_depth - acc.shape[1], dtype=torch.long, device=counts.device)
+    on_lookup = torch.zeros(1, dtype=torch.long, device=counts.device)
+    if on_chain is not None:
+        # Of the emitted tokens on the chain, those before the bonus token were accepted drafts.
+        as_draft = torch.arange(on_chain.shape[1], device=on_chain.device)[None] < (counts - 1)[:, None]
+        on_lookup = (on_chain & as_draft & live[:, None]).sum()[None]
+    return torch.cat((by_tokens, acc.sum(0), unreached, reached.sum(0), unreached, on_lookup,
+                      torch.zeros_like(on_lookup)))

@@ -126,28 +126,38 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
                       torch.cat(scores, 1), torch.cat(head_probs, 1), proposals if sketch_size else None)
 
 
-def select_tree(cands: Candidates, num_drafts: int) -> DraftTree:
-    """The best `num_drafts` candidates per row, as a tree in drafting order."""
-    batch = cands.tokens.shape[0]
-    chosen = cands.ranked()[:, :num_drafts].sort(dim=1).values  # drafting order: parents first
+def select_tree(cands: Candidates, num_drafts: int, size: int | None = None) -> DraftTree:
+    """The best `num_drafts` candidates per row, as a tree in drafting order; with `size`, padded
+    to that many nodes by the next-best candidates marked invalid (a fixed shape for every
+    `num_drafts` up to `size`: one compiled step serves them all)."""
+    batch, num_cands = cands.tokens.shape
+    size = min(num_drafts if size is None else size, num_cands)
+    ranked = cands.ranked()[:, :size]
+    # Padding sorts after the tree: candidates ranked past num_drafts count from num_cands on.
+    padding = torch.arange(size, device=ranked.device)[None] >= num_drafts
+    order = (ranked + padding * num_cands).sort(dim=1).values
+    chosen, padding = order % num_cands, order >= num_cands  # drafting order: parents first
     tokens = torch.gather(cands.tokens, 1, chosen)
     depths = torch.gather(cands.depths, 1, chosen)
     scores = torch.gather(cands.scores, 1, chosen)
     head_probs = torch.gather(cands.head_probs, 1, chosen)
     # Map candidate ids to combined indices (root = 0, chosen node j = j + 1).
-    combined = torch.zeros(batch, cands.tokens.shape[1] + 1, dtype=torch.long, device=tokens.device)
-    combined.scatter_(1, chosen + 1, torch.arange(1, num_drafts + 1, device=tokens.device).expand(batch, -1))
+    combined = torch.zeros(batch, num_cands + 1, dtype=torch.long, device=tokens.device)
+    combined.scatter_(1, chosen + 1, torch.arange(1, size + 1, device=tokens.device).expand(batch, -1))
     parents = torch.gather(combined, 1, torch.gather(cands.parents, 1, chosen) + 1)
-    valid = torch.isfinite(scores)
+    valid = torch.isfinite(scores) & ~padding
     return DraftTree(tokens, parents.masked_fill(~valid, 0), depths, valid, head_probs, chosen)
 
 
-def tree_attention_mask(tree: DraftTree) -> torch.Tensor:
-    """[B, 1+M, 1+M]: each node sees itself and its ancestors (the root included)."""
+def tree_attention_mask(tree: DraftTree, max_depth: int) -> torch.Tensor:
+    """[B, 1+M, 1+M]: each node sees itself and its ancestors (the root included), for trees at
+    most `max_depth` deep."""
     batch, m = tree.tokens.shape
-    mask = torch.eye(m + 1, dtype=torch.bool, device=tree.tokens.device).repeat(batch, 1, 1)
-    rows = torch.arange(batch, device=tree.tokens.device)
-    for i in range(1, m + 1):
-        mask[:, i] |= mask[rows, tree.parents[:, i - 1]]
+    itself = torch.eye(m + 1, dtype=torch.bool, device=tree.tokens.device).expand(batch, -1, -1)
+    root_parent = torch.zeros(batch, 1, dtype=torch.long, device=tree.tokens.device)
+    parents = torch.cat((root_parent, tree.parents), 1)[:, :, None].expand(-1, -1, m + 1)
+    mask = itself
+    # Each round, a node sees what its parent saw: one more generation of ancestors, whatever M is.
+    for _ in range(max_depth):
+        mask = itself | torch.gather(mask, 1, parents)
     return mask
-
