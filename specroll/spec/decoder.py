@@ -308,7 +308,7 @@ class SpecDecoder:
         nodes = node_bucket(max(budget, 4), self.cfg.max_nodes)
         shape = TreeShape(max(self.tree_buckets()) - 1, self.cfg.max_children, self.cfg.max_frontier,
                           self.cfg.lookup_ngram if self.cfg.context_lookup else 0, self.cfg.calibration_momentum,
-                          self.lookup_acceptance.momentum, self.pass_counts.max_tokens)
+                          self.lookup_acceptance.momentum, self.pass_counts.max_tokens, self.heads.form)
         cache, history = state.cache, state.history
         lengths = cache.lengths[: state.batch_size]
         # A finished row waiting in the batch has its tree written from slot 0, so it always fits in the cache.

@@ -146,6 +146,12 @@ class HorizonHeads(nn.Module):
                 return packed_linear(states, packed)
         return F.linear(states, self.draft_lm_head(lm_head_weight))
 
+    @property
+    def form(self) -> str:
+        """What drafting's code depends on besides the weights' values: type, depth, layers, vocabulary."""
+        vocab = 0 if self.draft_vocab is None else self.draft_vocab.numel()
+        return f"{self.head_type}-{self.num_heads}x{self.num_layers}-{vocab}"
+
     def draft_vocab_size(self, lm_head_weight: torch.Tensor) -> int:
         return lm_head_weight.shape[0] if self.draft_vocab is None else self.draft_vocab.numel()
 

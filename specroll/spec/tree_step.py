@@ -34,6 +34,8 @@ class TreeShape:
     calibration_momentum: float
     lookup_momentum: float
     max_tokens: int  # the largest emitted count `PassCounts` keeps apart
+    # The heads' structure: compiled steps skip guards on modules, so other heads need this to tell them apart.
+    heads_form: str
 
 
 @dataclass
