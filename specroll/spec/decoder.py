@@ -250,8 +250,8 @@ class SpecDecoder:
 
     @torch.inference_mode()
     def step(self, state: DecodeState) -> StepResult:
-        if self.sync_free_trees and self.node_budget(state.live_rows) > 1:
-            return self.tree_step_sized_on_host(state, self.node_budget(state.live_rows))
+        if self.sync_free_trees and (budget := self.node_budget(state.live_rows)) > 1:
+            return self.tree_step_sized_on_host(state, budget)
         t0 = time.perf_counter()
         batch = state.last_tokens.shape[0]  # finished rows included before a sync-free step
         roots, hidden = state.last_tokens, state.last_hidden
