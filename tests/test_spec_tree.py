@@ -84,6 +84,24 @@ def test_drafting_fewer_nodes_gives_the_same_small_trees(model, head_type):
                 assert torch.equal(getattr(small, field), getattr(large, field)), (drafted, k, field)
 
 
+def test_a_tree_padded_to_a_bucket_is_the_small_tree_followed_by_invalid_nodes(model):
+    """A sync-free step keeps the best k of a larger drafting and pads to its node bucket: the
+    first k nodes are the k-node tree, field for field, and the padding can never be accepted
+    nor seen by the tree (each padding node sees the root and itself only)."""
+    heads = random_heads(model, "path", seed=3)
+    _, hidden, roots = prefix_state(model, [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]])
+    cands = draft_candidates(heads, model, hidden, roots, max_drafts=7, log_calibration=torch.zeros(3))
+    for k in (1, 3, 7):
+        small, padded = select_tree(cands, k), select_tree(cands, k, 7)
+        assert padded.num_drafts == 7
+        for field in ("tokens", "parents", "depths", "valid", "head_probs"):
+            assert torch.equal(getattr(padded, field)[:, :k], getattr(small, field)), (k, field)
+        assert not padded.valid[:, k:].any() and not padded.parents[:, k:].any()
+        mask = tree_attention_mask(padded, 3)
+        assert torch.equal(mask[:, : k + 1, : k + 1], tree_attention_mask(small, 3))
+        assert not mask[:, : k + 1, k + 1:].any()  # no tree node sees the padding
+
+
 def test_tree_pass_logits_equal_plain_forward_on_each_path_and_compaction_matches_recompute(model):
     heads = random_heads(model, "path", seed=2)
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
