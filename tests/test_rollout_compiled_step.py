@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from contextlib import contextmanager
+from functools import partial
 
 import pytest
 import torch
@@ -118,6 +119,20 @@ def test_sync_free_tree_steps_generate_and_count_what_reading_every_step_does(mo
     assert outs[1].stats["verify_steps"] == len(outs[1].stats["active_rows_per_step"]) == outs[1].stats["steps"]
     # Every kept token after the first came out of a pass (a pass may emit past a stop token).
     assert outs[0].stats["drafted_tokens"] >= sum(len(t) for t in outs[0].token_ids) - len(outs[0].token_ids)
+
+
+@pytest.mark.parametrize("fixed_nodes", [3, 6])
+def test_sync_free_trees_below_their_bucket_emit_what_reading_steps_do(model, fixed_nodes):
+    """A sync-free tree of 3 or 6 nodes drafts for its 4- or 8-node bucket and keeps its best
+    drafts: responses stay the reading steps' token for token (the lookup chain, drafted deeper,
+    may choose other trees, so the acceptance statistics may differ)."""
+    spec = partial(SpecConfig, heads_path=None, budget="fixed", fixed_nodes=fixed_nodes, max_nodes=8)
+    for params in (SamplingParams(temperature=0.0, max_new_tokens=30, n=2), SamplingParams(max_new_tokens=30, n=4, seed=5)):
+        reading, sync_free = (RolloutEngine(model, spec=spec(sync_free_trees=mode)).generate(PROMPTS, params)
+                              for mode in (False, True))
+        assert reading.token_ids == sync_free.token_ids and reading.finish_reasons == sync_free.finish_reasons
+        assert set(sync_free.stats["budget_per_step"]) == {fixed_nodes}
+        assert max(sync_free.stats["tokens_per_step_hist"]) > 1
 
 
 def test_bucketing_and_sync_cadence_never_change_the_output(model):

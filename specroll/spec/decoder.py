@@ -90,6 +90,7 @@ class SpecDecoder:
         device_type = device.type
         self.budget = resolve_budget(cfg.budget, device_type)
         self.trees_may_skip_reads = device_type == "cuda" if cfg.sync_free_trees is None else cfg.sync_free_trees
+        self.tree_drafts = max(self.tree_buckets(), default=1) - 1  # what a sync-free step drafts: the largest bucket's
         self.reflex = cfg.reflex if cfg.uses_reflex else None
         self.guard = SafetyGuard(cfg.reflex)
         self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout,
@@ -110,6 +111,11 @@ class SpecDecoder:
         self.draft_s = [0.0] * (self.heads.num_heads + 1)
         self.plain_extra_s: float | None = None
         self.tree_extra_s: float | None = None
+
+    @property
+    def compiled_on_cuda(self) -> bool:
+        """Whether the steps replay CUDA graphs: the engine then keeps its cache at fixed addresses."""
+        return self.plain.compiled_on_cuda
 
     def profiled_pass(self, ids: torch.Tensor, cache, mask: torch.Tensor) -> None:
         """One hardware-profile cell through this decoder's own steps: the plain step (sampling at
@@ -301,12 +307,12 @@ class SpecDecoder:
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
 
     def tree_step_sized_on_host(self, state: DecodeState, budget: int) -> StepResult:
-        """A tree step of `budget` nodes that reads nothing on the host (see `tree_step`):
+        """A tree step of `budget` nodes that reads nothing on the host (see `spec.tree_step`):
         drafting, the verify forward and judging, each compiled where compiling is on."""
         t0 = time.perf_counter()
         # Trees of 2 nodes verify in the 4-node bucket: a dimension of size 1 would be a graph of its own.
         nodes = node_bucket(max(budget, 4), self.cfg.max_nodes)
-        shape = TreeShape(max(self.tree_buckets()) - 1, self.cfg.max_children, self.cfg.max_frontier,
+        shape = TreeShape(self.tree_drafts, self.cfg.max_children, self.cfg.max_frontier,
                           self.cfg.lookup_ngram if self.cfg.context_lookup else 0, self.cfg.calibration_momentum,
                           self.lookup_acceptance.momentum, self.pass_counts.max_tokens, self.heads.form)
         cache, history = state.cache, state.history
@@ -478,6 +484,7 @@ class SpecDecoder:
         self.steps_since_full_draft = 0 if drafts == self.cfg.max_nodes - 1 else self.steps_since_full_draft + 1
 
     def update_calibration(self, verdict, live: torch.Tensor) -> None:
+        """Per depth: EMA of accepted rate vs the head mass drafted under the reached node, over live rows."""
         self.observed, self.predicted = calibrated(self.observed, self.predicted, verdict, live,
                                                    self.cfg.calibration_momentum)
 

@@ -2,7 +2,7 @@
 
 Where the host knows a step's tree size (fixed and concurrency budgets, static drafting:
 `SpecDecoder.sync_free_trees`), nothing in the step reads on the host, so its work beside the
-forward can run compiled too: on a GPU as CUDA graphs, where eagerly it was some 900 small
+forward can run compiled too: on a GPU as CUDA graphs, where eagerly it was ~720 small
 kernels around a compiled forward. `draft_tree_step` drafts (heads and context lookup) and
 chooses each row's tree; `judge_tree_step` samples every node, applies the acceptance rule,
 keeps the accepted path in the cache and learns from it (calibration, lookup acceptance,
@@ -68,8 +68,11 @@ def draft_tree_step(model, heads, roots: torch.Tensor, hidden: torch.Tensor, obs
                     predicted: torch.Tensor, history_tokens: torch.Tensor, history_lengths: torch.Tensor,
                     lookup_rate: torch.Tensor | None, num_drafts: int, tree_size: int, shape: TreeShape) -> DraftedTree:
     """Every row's tree of its best `num_drafts` candidates, padded to `tree_size` draft nodes
-    (head probabilities calibrated by observed / predicted, see `calibrated`). The best k of a
-    larger drafting are the tree a drafting of k would give (see `tree`)."""
+    (head probabilities calibrated by observed / predicted, see `calibrated`). The heads' best
+    k of a larger drafting are the tree a drafting of k would give (see `tree`); the lookup
+    chain, as long as the larger drafting allows, may share more of its nodes with the heads'
+    (scored by both), so a budget below its bucket can choose another tree than a reading step
+    would. Exactness never depends on which tree is drafted."""
     log_calibration = (observed / predicted).log()
     cands = draft_candidates(heads, model, hidden, roots, shape.drafts, log_calibration, shape.max_children,
                              shape.max_frontier)
