@@ -32,7 +32,7 @@ def test_gpu_check_dry_run_times_every_case_against_its_floors(tmp_path):
     (timing,) = json.loads(path.read_text())["timings"]
     assert timing["case"]["model"] == "tiny-qwen2"
     top_ms = [ms for _, ms, _ in timing["top_ops"]]
-    assert len(top_ms) == 15 and top_ms == sorted(top_ms, reverse=True) and min(top_ms) >= 0
+    assert len(top_ms) == 30 and top_ms == sorted(top_ms, reverse=True) and min(top_ms) >= 0
     assert timing["ops_per_step"] >= sum(calls for _, ms, calls in timing["top_ops"] if ms > 0) > 0
 
 
@@ -65,12 +65,20 @@ def test_profile_counts_the_decoder_matmuls_of_every_step():
     # Which ops rank in the top 15 depends on the machine, so count them over every op.
     model = gpu_check.random_model({"qkv_bias": True}, torch.float32, torch.device("cpu"))
     engine = RolloutEngine(model, compile=False)
-    ops, ops_per_step = gpu_check.profile_ops(
+    profile = gpu_check.profile_ops(
         engine, [[1, 2, 3], [4, 5, 6]], SamplingParams(max_new_tokens=4, seed=0), torch.device("cpu"), top=10_000)
     # The matmul kernel's name depends on the CPU and dtype (oneDNN's prepacked linear or aten's).
-    matmuls = sum(calls for name, _, calls in ops if name in ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise"))
+    matmuls = sum(calls for name, _, calls in profile.top
+                  if name in ("aten::addmm", "aten::mm", "mkldnn::_linear_pointwise"))
     assert matmuls >= 2 * 4  # per step: qkv, output and MLP projections of each of the 2 layers
-    assert ops_per_step == pytest.approx(sum(calls for _, ms, calls in ops if ms > 0))
+    assert profile.ops_per_step == pytest.approx(sum(calls for _, ms, calls in profile.top if ms > 0))
+    assert 0 < profile.busy_ms_per_step <= profile.span_ms_per_step
+
+
+def test_busy_time_counts_overlapping_ops_once_and_span_adds_the_gaps():
+    # [0, 4) and [2, 5) overlap into [0, 5); [3, 4) lies inside; [7, 9) follows a gap of 2.
+    assert gpu_check.busy_and_span([(7, 9), (0, 4), (3, 4), (2, 5)]) == (7, 9)
+    assert gpu_check.busy_and_span([]) == (0.0, 0.0)
 
 
 def test_sampler_and_learner_agree_in_fp32_and_drift_apart_in_bf16():

@@ -27,13 +27,16 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from ..models import build_tiny_model, load_causal_lm, resolve_device, synchronize
+from ..models.llama import grouped_masked_attention
 from ..rollout import RolloutEngine, SamplingParams
 from ..spec import shipped_heads
-from .floors import decode_step_flops, matmul_gflops, memory_bandwidth_gbs, weight_bytes_per_step
+from .floors import best_seconds, decode_step_flops, matmul_gflops, memory_bandwidth_gbs, weight_bytes_per_step
 
 SMOLLM2 = "smollm2-135m-instruct"
 MODELS = ("smollm2", "qwen2.5-1.5b")  # the shapes the check times
@@ -68,6 +71,8 @@ class Timing:
     attention_kernels: dict | None = None  # the SDPA kernel a decode step's attention runs on, and masked GQA's
     top_ops: list | None = None  # with --profile: (op, ms, calls) per decode step, prefill included
     ops_per_step: float | None = None  # with --profile: device ops (GPU kernels on CUDA) per decode step
+    busy_ms_per_step: float | None = None  # with --profile: device time in ops per step, prefill included
+    span_ms_per_step: float | None = None  # with --profile: busy plus the gaps between ops
     cudagraph_skips: list | None = None  # why inductor ran a compiled step without CUDA graphs, if it did
 
     def record(self) -> dict:
@@ -116,11 +121,32 @@ def smollm2(policy: str, dtype: torch.dtype, device: torch.device, dry_run: bool
         return random_model(SMOLLM2_SHAPE, dtype, device), "smollm2-135m-shape"
 
 
+class OpsProfile(NamedTuple):
+    top: list  # (op, milliseconds per decode step, calls per decode step), costliest first
+    ops_per_step: float  # device ops (GPU kernels on CUDA, CPU ops elsewhere) a step runs in all
+    busy_ms_per_step: float  # time at least one device op ran
+    span_ms_per_step: float  # from the first op's start to the last one's end: busy plus idle gaps
+
+
+def busy_and_span(intervals: list[tuple[float, float]]) -> tuple[float, float]:
+    """(time covered by the union of the (start, end) `intervals`, last end - first start)."""
+    if not intervals:
+        return 0.0, 0.0
+    busy, covered_to = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > covered_to:
+            busy += end - max(start, covered_to)
+            covered_to = end
+    return busy, covered_to - min(start for start, _ in intervals)
+
+
 def profile_ops(engine: RolloutEngine, prompts, params: SamplingParams, device: torch.device,
-                top: int = 15) -> tuple[list, float]:
-    """(op, milliseconds per decode step, calls per decode step) of the `top` ops by self time on
-    the device (GPU kernels on CUDA, CPU ops elsewhere) over one more generate call, prefill
-    included; and how many such ops a step runs in all (on a GPU each costs microseconds however small)."""
+                top: int = 30) -> OpsProfile:
+    """The `top` ops by self time on the device (GPU kernels on CUDA, CPU ops elsewhere) over one
+    more generate call, prefill included, per decode step; how many such ops a step runs in all
+    (on a GPU each costs microseconds however small); and how long the device was busy against
+    the span of the call's ops: the gaps are launch latency and host work the device waited for."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     on_cuda = device.type == "cuda"
@@ -131,7 +157,11 @@ def profile_ops(engine: RolloutEngine, prompts, params: SamplingParams, device: 
     key = "self_device_time_total" if on_cuda else "self_cpu_time_total"
     events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
     ran = sum(e.count for e in events if getattr(e, key) > 0)
-    return [(e.key, getattr(e, key) / 1e3 / steps, e.count / steps) for e in events[:top]], ran / steps
+    kind = DeviceType.CUDA if on_cuda else DeviceType.CPU
+    busy_us, span_us = busy_and_span([(e.time_range.start, e.time_range.end) for e in prof.events()
+                                      if e.device_type == kind and e.time_range.end > e.time_range.start])
+    return OpsProfile([(e.key, getattr(e, key) / 1e3 / steps, e.count / steps) for e in events[:top]],
+                      ran / steps, busy_us / 1e3 / steps, span_us / 1e3 / steps)
 
 
 def attention_kernels(model, case: Case, device: torch.device) -> dict:
@@ -150,6 +180,43 @@ def attention_kernels(model, case: Case, device: torch.device) -> dict:
     names = {int(member.value): name.lower() for name, member in SDPBackend.__members__.items()}
     return {"grouped": names[torch._fused_sdp_choice(grouped_q, kv, kv, mask.repeat(1, 1, groups, 1))],
             "masked_gqa": names[torch._fused_sdp_choice(q, kv, kv, mask, enable_gqa=groups > 1)]}
+
+
+def attention_variants(model, case: Case, device: torch.device) -> dict:
+    """Microseconds per call of one decode step's attention at this case's largest span, rows
+    attending to random lengths of it: the model's call (a KV head's G query heads as one head,
+    masked), flash attention without a mask (what an unmasked kernel costs; a step needs the
+    mask) and FlexAttention (compiled, masked by a score modification), each with its largest
+    difference from the model's output."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    cfg = model.config
+    dtype = getattr(torch, case.dtype)
+    span = case.prompt_len + case.new_tokens
+    q = torch.randn(case.batch_size, cfg.num_heads, 1, cfg.head_dim, device=device).to(dtype)
+    k, v = (torch.randn(case.batch_size, cfg.num_kv_heads, span, cfg.head_dim, device=device).to(dtype)
+            for _ in range(2))
+    lengths = torch.randint(span // 2, span + 1, (case.batch_size,), device=device)
+    mask = (torch.arange(span, device=device) < lengths[:, None])[:, None, None, :]
+
+    def masked_score(score, b, h, q_idx, kv_idx):
+        return torch.where(mask[b, 0, q_idx, kv_idx], score, -float("inf"))
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    variants = {"grouped_masked": lambda: grouped_masked_attention(q, k, v, mask),
+                "gqa_flash_unmasked": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                "flex_masked": lambda: flex(q, k, v, score_mod=masked_score, enable_gqa=True)}
+    reference = variants["grouped_masked"]()
+    calls = 50
+    result = {}
+    for name, fn in variants.items():
+        try:
+            difference = float((fn() - reference).abs().max())
+            seconds = best_seconds(lambda: [fn() for _ in range(calls)], device, repeats=5) / calls
+            result[name] = {"us_per_call": seconds * 1e6, "max_abs_diff": difference}
+        except Exception as exc:  # a variant this torch cannot run is reported, not fatal
+            result[name] = {"error": repr(exc)}
+    return result
 
 
 # Inductor says here why it skips CUDA graphs for a graph (an artifact log, off by default:
@@ -204,10 +271,10 @@ def time_calls(model, case: Case, compiled: bool, floors: dict, device: torch.de
     context = case.prompt_len + case.new_tokens / 2
     matmul_floor_s = decode_step_flops(model, rows, context) / (floors["matmul_gflops"] * 1e9)
     weight_floor_s = weight_bytes_per_step(model) / (floors["bandwidth_gbs"] * 1e9)
-    top_ops, ops_per_step = profile_ops(engine, prompts, params, device) if profile else (None, None)
+    ops = profile_ops(engine, prompts, params, device) if profile else OpsProfile(None, None, None, None)
     return Timing(case, compiled, decode_s / steps * 1e3, (out.stats["tokens"] - case.batch_size) / decode_s,
                   out.stats["prefill_s"], warm.stats.get("compile_s", 0.0), weight_floor_s * 1e3, matmul_floor_s * 1e3,
-                  attention_kernels(model, case, device), top_ops, ops_per_step)
+                  attention_kernels(model, case, device), *ops)
 
 
 def measure_floors(device: torch.device, dtypes: set[str], dry_run: bool) -> dict:
@@ -239,8 +306,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=Path("gpu_check.json"))
     parser.add_argument("--dry-run", action="store_true", help="tiny models and few tokens (checks the script on a CPU)")
     parser.add_argument("--no-compile", action="store_true", help="eager only")
+    parser.add_argument("--no-eager", action="store_true", help="compiled only")
     parser.add_argument("--no-spec", action="store_true", help="skip spec_vs_plain")
     parser.add_argument("--profile", action="store_true", help="also record each case's costliest ops per step")
+    parser.add_argument("--attention-variants", action="store_true",
+                        help="also time each case's decode attention against alternative kernels")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS,
                         help="shapes to time, in this order")
     parser.add_argument("--time-budget-s", type=float, default=None,
@@ -248,7 +318,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "judged by the longest run of its kind so far")
     parser.add_argument("--policy", default=SMOLLM2,
                         help="SmolLM2-135M-Instruct's weights: the alias, or a GGUF file / HF directory of them")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.no_compile and args.no_eager:
+        parser.error("--no-compile and --no-eager leave nothing to time")
+    return args
 
 
 def main(argv=None) -> dict:
@@ -267,7 +340,8 @@ def main(argv=None) -> dict:
     cases = [case for name in args.models for case in by_model[name]]
     floors = measure_floors(device, {c.dtype for c, _ in cases}, args.dry_run)
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "floors": floors, "timings": [], "errors": [], "skipped": []}
+              "torch": torch.__version__, "floors": floors, "timings": [], "errors": [], "skipped": [],
+              "attention_variants": {}}
     budget = TimeBudget(args.time_budget_s)
 
     def write() -> None:
@@ -282,8 +356,15 @@ def main(argv=None) -> dict:
                 smollm2(args.policy, dtype, device, args.dry_run)
         model, name = models[key]
         case.model = name
+        if args.attention_variants:  # before the timings, which can take minutes to compile
+            result["attention_variants"][f"{name} batch {case.batch_size}"] = variants = \
+                attention_variants(model, case, device)
+            print(f"attention, {name} batch {case.batch_size}: {variants}")
+            write()
         case_floors = {"bandwidth_gbs": floors["bandwidth_gbs"], "matmul_gflops": floors["matmul_gflops_by_dtype"][case.dtype]}
-        for compiled in (False,) if args.no_compile else (False, True):
+        modes = [compiled for compiled in (False, True)
+                 if not (compiled and args.no_compile) and not (not compiled and args.no_eager)]
+        for compiled in modes:
             kind = "compiled" if compiled else "eager"
             if budget.exhausted(kind):
                 result["skipped"].append({"case": asdict(case), "compiled": compiled, "why": "time budget"})

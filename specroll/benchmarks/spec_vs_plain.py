@@ -126,7 +126,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--compile", action="store_true", help="also run both engines with the compiled decode step")
+    ap.add_argument("--no-eager", action="store_true", help="with --compile: the compiled engines only")
     args = ap.parse_args(argv)
+    if args.no_eager and not args.compile:
+        ap.error("--no-eager needs --compile: there would be nothing to time")
 
     model, tokenizer = load_causal_lm(args.policy, dtype=args.dtype, device=args.device)
     device = next(model.parameters()).device
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
                       fixed_nodes=min(args.fixed_nodes, args.max_nodes), max_nodes=args.max_nodes,
                       capacity=args.capacity, context_lookup=not args.no_context_lookup,
                       sync_free_trees={"auto": None, "on": True, "off": False}[args.sync_free_trees])
-    modes = [("eager", False), ("compiled", True)] if args.compile else [("eager", False)]
+    modes = [("eager", False)] * (not args.no_eager) + [("compiled", True)] * args.compile
     settings = [(f"concurrency {c}", c, 1) for c in args.concurrency]
     if args.grpo:
         p, n = (int(x) for x in args.grpo.lower().split("x"))
@@ -230,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
         if row["compiles_while_timed"]:
             print(f"warning: {row['setting']} ({row['step']}) compiled {row['compiles_while_timed']} graph(s) "
                   f"inside timed runs ({row['compile_s_while_timed']:.0f} s): its ratio counts them")
-    result = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": capacity["eager"], "rows": rows}
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": capacity[modes[0][0]], "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json}")
