@@ -12,6 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
+from specroll.rollout import engine as engine_module
+from specroll.rollout.compiled_step import graphs_compiled
 from specroll.rollout.engine import batch_bucket, span_bucket
 from specroll.spec import SpecConfig
 
@@ -219,3 +221,56 @@ def test_compiled_tree_steps_sized_on_the_host_generate_what_eager_ones_do(model
         for name in ("budget_per_step", "tokens_per_step_hist", "acceptance_by_depth", "lookup_token_share"):
             assert a.stats[name] == b.stats[name], name
         assert len(set(a.stats["budget_per_step"])) >= 2
+
+
+def lone_rows(engine: RolloutEngine, params: SamplingParams):
+    return merge([engine.generate([p], params, prompt_keys=[i]) for i, p in enumerate(PROMPTS)])
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(heads_path=None, budget="fixed", fixed_nodes=4, sync_free_trees=True)])
+def test_a_lone_response_beside_a_finished_row_comes_out_as_alone(model, spec):
+    """On a GPU a compiled engine keeps two rows (`compiled_min_rows`): a lone response runs
+    beside a finished copy of itself, which emits nothing and is dropped from the output."""
+    alone, beside = RolloutEngine(model, spec=spec), RolloutEngine(model, spec=spec)
+    beside.decoder.min_rows = 2
+    for params in (SamplingParams(temperature=0.0, max_new_tokens=30), SamplingParams(max_new_tokens=30, seed=4)):
+        a, b = lone_rows(alone, params), lone_rows(beside, params)
+        assert a.token_ids == b.token_ids and a.finish_reasons == b.finish_reasons
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert x == pytest.approx(y, abs=1e-5)
+        one = beside.generate(PROMPTS[:1], params)
+        assert set(one.stats["active_rows_per_step"]) == {1} and one.stats["tokens"] == len(one.token_ids[0])
+
+
+def test_a_compiled_step_kept_at_two_rows_compiles_one_graph(model):
+    """Kept at two rows or more (a lone response, the tail of a batch), a compiled step never
+    meets the one-row batch that torch.compile specialises on: one graph for every batch."""
+    torch._dynamo.reset()  # graphs of this step compiled by earlier tests would be reused
+    engine = RolloutEngine(model, compile=True, sync_every=2)
+    engine.decoder.min_rows = 2
+    compiles = 0
+    for prompts, params in ((PROMPTS[:1], SamplingParams(max_new_tokens=12, seed=1)),
+                            (PROMPTS, SamplingParams(max_new_tokens=40, n=2, seed=1))):
+        out = engine.generate(prompts, params)
+        compiles += out.stats["compiles"]
+    assert min(out.stats["active_rows_per_step"]) == 1  # the batch's tail ran one live row
+    assert compiles == 1
+
+
+def test_a_decoder_kept_at_two_rows_compiles_no_one_row_graphs_up_front(model, monkeypatch):
+    """The GPU rule (`compiled_min_rows` 2), applied on a CPU: a compiled speculative decoder with
+    sync-free trees compiles one graph per step function up front (the plain step, the verify
+    forward, drafting, judging), none for one row, and generating a lone response or a batch
+    down to its last live row compiles nothing more."""
+    monkeypatch.setattr(engine_module, "compiled_min_rows", lambda compiled_on_cuda: 2)
+    torch._dynamo.reset()
+    before = graphs_compiled()
+    spec = SpecConfig(heads_path=None, budget="concurrency", capacity=16, max_nodes=8, sync_free_trees=True)
+    engine = RolloutEngine(model, spec=spec, compile=True, sync_every=2)
+    assert engine.decoder.min_rows == 2 and graphs_compiled() - before == 4
+    engine.decoder.compile_stats()
+    for prompts, params in ((PROMPTS[:1], SamplingParams(max_new_tokens=12, seed=1)),
+                            (PROMPTS, SamplingParams(max_new_tokens=40, n=2, seed=1))):
+        out = engine.generate(prompts, params)
+        assert out.stats["compiles"] == 0 and max(out.stats["budget_per_step"]) > 1
+    assert min(out.stats["active_rows_per_step"]) == 1

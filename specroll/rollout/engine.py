@@ -105,9 +105,10 @@ def span_bucket(need: int, max_len: int) -> int:
 
 def cache_shape(rows: int, need: int) -> tuple[int, int]:
     """(rows, slots) to allocate for `rows` rows of up to `need` tokens. A compiled step would
-    specialise on a one-row cache and on a span that fills the cache, and recompile when that
-    stops holding: so at least 2 rows, and one slot beyond the span bucket that holds `need`."""
-    return max(rows, 2), -(-need // SPAN_BUCKET) * SPAN_BUCKET + 1
+    specialise on a batch that fills the cache (torch.compile takes equal sizes for one) and on
+    a span that does, and recompile when that stops holding: so one row beyond `rows`, and one
+    slot beyond the span bucket that holds `need`."""
+    return rows + 1, -(-need // SPAN_BUCKET) * SPAN_BUCKET + 1
 
 
 def decode_one_token(model, tokens: torch.Tensor, cache: KVCache, span: int, keys: torch.Tensor,
@@ -122,6 +123,13 @@ def decode_one_token(model, tokens: torch.Tensor, cache: KVCache, span: int, key
     return *sample_tokens(logprobs, uniforms, params.greedy), out.hidden[:, -1]
 
 
+def compiled_min_rows(compiled_on_cuda: bool) -> int:
+    """Fewest rows a decoder's sync-free steps run with. A compiled step specialises on a one-row
+    batch (a graph of its own, minutes to compile on a GPU, where an extra row costs nothing): there
+    a lone live row runs beside a finished one. On a CPU a graph compiles in seconds and a row costs."""
+    return 2 if compiled_on_cuda else 1
+
+
 class PlainDecoder:
     """One token per row per step: the vanilla baseline and the N_t = 1 fallback. The step is
     fixed-shape and sync-free, so it can run compiled (see `compiled_step`)."""
@@ -131,6 +139,7 @@ class PlainDecoder:
     def __init__(self, model, compile: bool = False) -> None:
         self.model = model
         self.decode = StepFunction(decode_one_token, compile, next(model.parameters()).device)
+        self.min_rows = compiled_min_rows(self.compiled_on_cuda)
 
     @property
     def compiled_on_cuda(self) -> bool:
@@ -249,15 +258,18 @@ class RolloutEngine:
         if len(keys) != len(prompts):
             raise ValueError(f"prompt_keys has {len(keys)} entries for {len(prompts)} prompts")
         started = time.perf_counter()
+        num_rows = len(prompts) * params.n  # responses asked for
+        padding = max(self.min_rows - num_rows, 0)
+        if padding:  # finished companion rows, dropped from the output (see compiled_min_rows)
+            prompts, keys = prompts + prompts[:1] * padding, keys + [("padding", i) for i in range(padding)]
         n, num_prompts = params.n, len(prompts)
-        num_rows = num_prompts * n
         context = self.model.config.max_position_embeddings
         prompt_lens = torch.tensor([len(p) for p in prompts])
         # A response never runs past the context window: its cap shrinks instead.
         row_caps = (context - prompt_lens).clamp(max=params.max_new_tokens).repeat_interleave(n)
         slack = getattr(self.decoder, "max_tokens_per_step", 1)
         max_len = int(prompt_lens.max()) + params.max_new_tokens + slack
-        cache = self.cache_for(num_rows, max_len, num_prompts)
+        cache = self.cache_for(num_prompts * n, max_len, num_prompts)
 
         history = TokenHistory.from_prompts(prompts, max_len, self.device)
         first_logits, first_hidden = self.prefill(history, cache)
@@ -265,15 +277,16 @@ class RolloutEngine:
         history.repeat_rows(n)
         rng = RowRandom(params.seed, [(key, j) for key in keys for j in range(n)], self.device)
         first, first_lp = sample_next(first_logits.repeat_interleave(n, dim=0), rng, params)
-        state = DecodeState(cache, history, torch.arange(num_rows, device=self.device), rng, first,
+        state = DecodeState(cache, history, torch.arange(num_prompts * n, device=self.device), rng, first,
                             first_hidden.repeat_interleave(n, dim=0), params)
+        state.live[num_rows:] = False
         responses = ResponseBuffer(row_caps, self.stop_ids(params), params.max_new_tokens, self.device)
         prefill_s = time.perf_counter() - started
 
         # Every row is done after its cap's worth of steps: the loop never runs longer.
         max_steps = int(row_caps.max()) - 1
         active = torch.zeros(max_steps + 1, dtype=torch.long, device=self.device)  # live rows per step
-        bar = tqdm(total=int(row_caps.sum()), desc="rollout", unit="tok", disable=not self.show_progress)
+        bar = tqdm(total=int(row_caps[:num_rows].sum()), desc="rollout", unit="tok", disable=not self.show_progress)
         steps, unread = 0, 0  # unread: sync-free steps that may still run before the next host read
         self.record(StepResult(first[:, None], first_lp[:, None], torch.ones_like(first)), state, responses)
         while True:
@@ -292,7 +305,7 @@ class RolloutEngine:
             steps, unread = steps + 1, unread - 1
         bar.close()
 
-        tokens, logprobs, finish = responses.to_lists()
+        tokens, logprobs, finish = (outputs[:num_rows] for outputs in responses.to_lists())
         ran = active[:steps].tolist()
         active_per_step = [a for a in ran if a]
         elapsed = time.perf_counter() - started
@@ -318,6 +331,11 @@ class RolloutEngine:
         last = (lengths - 1)[:, None, None].expand(-1, 1, out.hidden.shape[-1])
         return out.logits[:, 0], torch.gather(out.hidden, 1, last)[:, 0]
 
+    @property
+    def min_rows(self) -> int:
+        """Fewest rows the decoder's sync-free steps run with (`compiled_min_rows`)."""
+        return getattr(self.decoder, "min_rows", 1)
+
     def next_step_sync_free(self, state: DecodeState) -> bool:
         """Whether the decoder's next step reads nothing on the host (decoders without the method: never)."""
         ask = getattr(self.decoder, "next_step_sync_free", None)
@@ -325,9 +343,9 @@ class RolloutEngine:
 
     def compact(self, state: DecodeState, live: torch.Tensor, to_bucket: bool) -> None:
         """Drop finished rows: all of them, or down to the next power-of-two bucket that holds the
-        live rows (finished rows fill it up) before sync-free steps."""
+        live rows (finished rows fill it up) before sync-free steps, keeping `min_rows` rows."""
         num_live, batch = int(live.sum()), len(live)
-        size = batch_bucket(num_live, batch) if to_bucket else num_live
+        size = max(batch_bucket(num_live, batch), min(self.min_rows, batch)) if to_bucket else num_live
         if size == batch:
             return
         rows = torch.cat((torch.nonzero(live).squeeze(1), torch.nonzero(~live).squeeze(1)))[:size]

@@ -96,6 +96,7 @@ class SpecDecoder:
         self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout,
                                        record_nodes=cfg.record_nodes)
                         if cfg.uses_slow_path else None)
+        self.min_rows = self.plain.min_rows if self.sync_free_trees else 1  # steps that read compact to live rows
         if compile and device_type == "cuda" and not self.sync_free_trees:
             warnings.warn("compiled on a GPU, plain decoding outruns tree steps that read on the host (the cost "
                           "model, Reflex, head records: they draft and verify eagerly around a compiled forward; "
@@ -120,6 +121,8 @@ class SpecDecoder:
     def profiled_pass(self, ids: torch.Tensor, cache, mask: torch.Tensor) -> None:
         """One hardware-profile cell through this decoder's own steps: the plain step (sampling at
         the default temperature 1) for one node per row, the verify forward for a chain of more."""
+        if ids.shape[0] < self.min_rows:  # a lone row runs beside a finished one: time that
+            ids, mask = ids.repeat(self.min_rows, 1), mask.repeat(self.min_rows, 1, 1)
         batch, nodes = ids.shape
         span = span_bucket(int(cache.lengths[:batch].max()) + nodes, cache.max_len)
         if nodes == 1:
@@ -132,22 +135,23 @@ class SpecDecoder:
     @torch.inference_mode()
     def compile_steps(self) -> None:
         """Compile every graph decoding meets (the plain step, the verify forward and, for tree
-        steps sized on the host, drafting and judging, at batch 1 and above) now: lazily, the
-        first tree of a run would stall it for minutes on a CPU."""
+        steps sized on the host, drafting and judging, at batch 1 where it runs and above) now:
+        lazily, the first tree of a run would stall it for minutes on a CPU."""
         device = next(self.model.parameters()).device
         # Sizes that equal no other (5 cache rows, batch 2, 4 nodes, 11 history slots; 3 lookup n-grams
         # and 4 heads by default): dynamo would otherwise assume that two sizes it saw equal always
         # are, and recompile when they are not.
-        cache = KVCache.for_model(self.model, *cache_shape(5, 4))
+        cache = KVCache.for_model(self.model, *cache_shape(4, 4))
         if device.type == "cuda":
             cache.mark_static()  # as the engine's
-        for batch in (1, 2):
+        batches = range(self.min_rows, 3)  # batch 1 and above, or only above (`compiled_min_rows`)
+        for batch in batches:
             for nodes in (1, 4):
                 ids = torch.zeros(batch, nodes, dtype=torch.long, device=device)
                 mask = torch.ones(nodes, nodes, dtype=torch.bool, device=device).tril().repeat(batch, 1, 1)
                 self.profiled_pass(ids, cache, mask)
         if self.sync_free_trees:
-            for batch in (1, 2):
+            for batch in batches:
                 state = warm_up_state(self.model, cache, batch)
                 for nodes in self.tree_buckets():
                     self.tree_step_sized_on_host(state, nodes)
