@@ -277,6 +277,14 @@ def time_calls(model, case: Case, compiled: bool, floors: dict, device: torch.de
                   attention_kernels(model, case, device), *ops)
 
 
+def compile_phases(top: int = 25) -> dict:
+    """Seconds spent so far in this process's costliest phases of torch.compile (tracing,
+    lowering, kernel compilation, autotuning), as torch records them: where a minutes-long
+    compile on a fresh GPU machine goes."""
+    names, seconds = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
+    return dict(sorted(((n, float(s)) for n, s in zip(names, seconds)), key=lambda p: -p[1])[:top])
+
+
 def measure_floors(device: torch.device, dtypes: set[str], dry_run: bool) -> dict:
     size = 256 if dry_run else 4096
     return {"bandwidth_gbs": memory_bandwidth_gbs(device, megabytes=16 if dry_run else 1024),
@@ -345,6 +353,7 @@ def main(argv=None) -> dict:
     budget = TimeBudget(args.time_budget_s)
 
     def write() -> None:
+        result["compile_phases_s"] = compile_phases()
         args.json.write_text(json.dumps(result, indent=1))
 
     models: dict[tuple, tuple] = {}

@@ -146,15 +146,21 @@ def main(argv: list[str] | None = None) -> dict:
     prompts_all, source = load_prompts(tokenizer, max(s[1] for s in settings), DEFAULT_GSM8K)
     warm = SamplingParams(max_new_tokens=4, seed=args.seed)
 
-    rows, capacity = [], {}
+    rows, capacity, warm_up_s = [], {}, {}
     bar = tqdm(total=len(settings) * args.repeats * 2 * len(modes), desc="benchmark", unit="run")
     # Mode by mode, each mode's engines built just before its runs: the eager rows come out
     # before the compiled engines spend minutes compiling.
     for (mode, on), (name, num_prompts, n) in ((m, s) for m in modes for s in settings):
         if mode not in capacity:
-            plain_engine, spec_engine = RolloutEngine(model, tokenizer, compile=on), RolloutEngine(model, tokenizer, spec=spec, compile=on)
+            started = time.perf_counter()
+            plain_engine = RolloutEngine(model, tokenizer, compile=on)
             plain_engine.generate(prompts_all[:1], warm)
+            plain_ready = time.perf_counter()
+            spec_engine = RolloutEngine(model, tokenizer, spec=spec, compile=on)  # compiles its steps, profiles
             spec_engine.generate(prompts_all[:1], warm)
+            warm_up_s[mode] = {"plain": plain_ready - started, "spec": time.perf_counter() - plain_ready}
+            bar.write(f"{mode} engines ready: plain {warm_up_s[mode]['plain']:.0f} s, "
+                      f"speculative {warm_up_s[mode]['spec']:.0f} s (built, compiled, profiled, warmed up)")
             capacity[mode], max_depth = spec_engine.decoder.capacity, spec_engine.decoder.heads.num_heads
         prompts = prompts_all[:num_prompts]
         plain_t, spec_t, plain_tok, spec_tok = 0.0, 0.0, 0, 0
@@ -233,7 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
         if row["compiles_while_timed"]:
             print(f"warning: {row['setting']} ({row['step']}) compiled {row['compiles_while_timed']} graph(s) "
                   f"inside timed runs ({row['compile_s_while_timed']:.0f} s): its ratio counts them")
-    result = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": capacity[modes[0][0]], "rows": rows}
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": capacity[modes[0][0]],
+              "warm_up_s": warm_up_s, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json}")
