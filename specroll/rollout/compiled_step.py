@@ -21,17 +21,17 @@ def graphs_compiled() -> int:
 class StepFunction:
     """`fn`, compiled when `compiled`; records the seconds spent in calls that compiled a graph."""
 
-    def __init__(self, fn, compiled: bool, device: torch.device) -> None:
+    def __init__(self, fn, compiled: bool, device: torch.device, cuda_graphs: bool = True) -> None:
         self.compiled = compiled
-        self.on_cuda = torch.device(device).type == "cuda"
+        self.cuda_graphs = torch.device(device).type == "cuda" and cuda_graphs  # replayed as CUDA graphs when compiled
         self.compile_s = 0.0  # wall time of the calls that compiled (tracing, codegen, the first run)
         self.compiles = 0
         if compiled:
-            # On GPUs, CUDA graphs (one per shape: mode "reduce-overhead"); on a CPU there are none
-            # to capture. Dynamic sizes: one graph serves every batch bucket and attended span.
+            # On GPUs, CUDA graphs (one per shape: mode "reduce-overhead") unless `cuda_graphs` is off
+            # (a graph replays fixed addresses); on a CPU there are none to capture. Dynamic sizes: one graph serves every batch bucket and attended span.
             # The model's modules never change during a run (weights are updated in place), so
             # their hundreds of guards, checked before every step, are skipped.
-            options = {"triton.cudagraphs": self.on_cuda,
+            options = {"triton.cudagraphs": self.cuda_graphs,
                        "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
             self.fn = torch.compile(fn, fullgraph=True, dynamic=True, options=options)
         else:
@@ -42,7 +42,7 @@ class StepFunction:
         outputs it reads: on a GPU their CUDA graphs' outputs must then stay alive."""
         if not self.compiled:
             return self.fn(*args)
-        if self.on_cuda and begins_step:
+        if self.cuda_graphs and begins_step:
             # Outputs of the previous step's replays have been consumed: their buffers may be reused.
             torch.compiler.cudagraph_mark_step_begin()
         before, started = graphs_compiled(), time.perf_counter()

@@ -111,6 +111,16 @@ def cache_shape(rows: int, need: int) -> tuple[int, int]:
     return rows + 1, -(-need // SPAN_BUCKET) * SPAN_BUCKET + 1
 
 
+def keep_emissions(responses: ResponseBuffer, history: TokenHistory, row_ids: torch.Tensor, live: torch.Tensor,
+                   tokens: torch.Tensor, logprobs: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append a step's emissions (`tokens`, `logprobs` [B, K], the first `counts` [B] real) of the
+    `live` rows to their responses and histories; (each row's last token, rows still live)."""
+    kept = counts * live
+    finished = responses.append(row_ids, live, tokens, logprobs, kept)
+    history.append(tokens, kept)
+    return tokens.gather(1, (counts - 1).clamp(min=0)[:, None]).squeeze(1), live & ~finished
+
+
 def decode_one_token(model, tokens: torch.Tensor, cache: KVCache, span: int, keys: torch.Tensor,
                      counters: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """One plain step at a fixed shape: forward `tokens` [B], sample the next one per row with
@@ -143,7 +153,7 @@ class PlainDecoder:
 
     @property
     def compiled_on_cuda(self) -> bool:
-        return self.decode.compiled and self.decode.on_cuda
+        return self.decode.compiled and self.decode.cuda_graphs
 
     def next_step_sync_free(self, state: DecodeState) -> bool:
         """Every step reads nothing on the host and lets finished rows stay."""
@@ -206,7 +216,28 @@ class RolloutEngine:
         self.sync_every = sync_every
         self.decoder = PlainDecoder(model, compile) if spec is None else spec.build_decoder(model, compile)
         self.device = next(model.parameters()).device
+        # Compiled, the bookkeeping is a handful of fused kernels, not ~50 launches (no CUDA graph:
+        # it appends to buffers made per call).
+        self.keep_emissions = StepFunction(keep_emissions, compile, self.device, cuda_graphs=False)
+        if compile:
+            self.compile_bookkeeping()
         self.cache: KVCache | None = None  # reused across calls: allocation is costly, CUDA graphs want fixed addresses
+
+    @torch.inference_mode()
+    def compile_bookkeeping(self) -> None:
+        """Compile `keep_emissions` for what decoding meets, now rather than in the first call: steps
+        of one token and of several (trees), at one row (where a step runs one) and more. Sizes
+        equal to no other, or torch.compile would take them for one."""
+        widths = (1, 3) if getattr(self.decoder, "max_tokens_per_step", 1) > 1 else (1,)
+        for batch, width in ((batch, width) for batch in range(self.min_rows, 3) for width in widths):
+            responses = ResponseBuffer(torch.full((4,), 6), set(self.model.config.eos_token_ids), 6, self.device)
+            history = TokenHistory.from_prompts([[0] * 3] * batch, 11, self.device)
+            tokens = torch.zeros(batch, width, dtype=torch.long, device=self.device)
+            self.keep_emissions(responses, history, torch.arange(batch, device=self.device),
+                                torch.ones(batch, dtype=torch.bool, device=self.device), tokens,
+                                torch.zeros(batch, width, device=self.device),
+                                torch.ones(batch, dtype=torch.long, device=self.device), begins_step=False)
+        self.keep_emissions.pop()  # compiled up front: no generate call's compiles
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "float32", device: str = "auto", **kwargs):
@@ -319,6 +350,9 @@ class RolloutEngine:
             "tokens_per_s": num_tokens / max(elapsed, 1e-9),
         }
         stats.update(without_idle_steps(getattr(self.decoder, "pop_stats", dict)(), ran))
+        if self.keep_emissions.compiled:  # graphs compiled in this call, the bookkeeping's among them
+            bookkeeping = self.keep_emissions.pop()
+            stats |= {key: stats.get(key, 0) + value for key, value in bookkeeping.items()}
         return RolloutOutput(tokens, logprobs, finish, stats)
 
     def prefill(self, prompts: TokenHistory, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -351,12 +385,8 @@ class RolloutEngine:
         rows = torch.cat((torch.nonzero(live).squeeze(1), torch.nonzero(~live).squeeze(1)))[:size]
         state.keep(rows.to(self.device))
 
-    @staticmethod
-    def record(step: StepResult, state: DecodeState, responses: ResponseBuffer) -> None:
+    def record(self, step: StepResult, state: DecodeState, responses: ResponseBuffer) -> None:
         """Keep a step's emitted tokens (cut at a stop token or the length cap) and retire the
         rows it finished; all on the device."""
-        counts = step.counts * state.live
-        finished = responses.append(state.row_ids, state.live, step.tokens, step.logprobs, counts)
-        state.history.append(step.tokens, counts)
-        state.last_tokens = step.tokens.gather(1, (step.counts - 1).clamp(min=0)[:, None]).squeeze(1)
-        state.live = state.live & ~finished
+        state.last_tokens, state.live = self.keep_emissions(responses, state.history, state.row_ids, state.live,
+                                                            step.tokens, step.logprobs, step.counts, begins_step=False)

@@ -12,9 +12,12 @@ import torch
 
 class ResponseBuffer:
     def __init__(self, caps: torch.Tensor, stop_ids: set[int], width: int, device) -> None:
-        rows = caps.shape[0]
-        self.caps = caps.to(device)  # [R] most tokens each response may hold
-        self.stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
+        self.responses = caps.shape[0]
+        # One row beyond the responses, and at least two stop ids (-1 is no token): a compiled
+        # append would specialise on one response, on no or one stop id, and on a batch of every row.
+        rows = self.responses + 1
+        self.caps = torch.cat((caps, caps.new_zeros(1))).to(device)  # [rows] most tokens each response may hold
+        self.stop_ids = torch.tensor(sorted(stop_ids) + [-1] * (2 - len(stop_ids)), dtype=torch.long, device=device)
         # One extra column: writes a row must not make land there and are never read.
         self.tokens = torch.zeros(rows, width + 1, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(rows, width + 1, dtype=torch.float32, device=device)
@@ -49,7 +52,8 @@ class ResponseBuffer:
 
     def to_lists(self) -> tuple[list[list[int]], list[list[float]], list[str]]:
         """Token ids, log-probs and finish reasons ("stop" or "length") of every response."""
-        lengths = self.lengths.tolist()
-        tokens, logprobs, stopped = self.tokens.tolist(), self.logprobs.tolist(), self.stopped.tolist()
+        n = self.responses
+        lengths = self.lengths[:n].tolist()
+        tokens, logprobs, stopped = self.tokens[:n].tolist(), self.logprobs[:n].tolist(), self.stopped[:n].tolist()
         return ([row[:n] for row, n in zip(tokens, lengths)], [row[:n] for row, n in zip(logprobs, lengths)],
                 ["stop" if s else "length" for s in stopped])
