@@ -28,7 +28,8 @@ class StepFunction:
         self.compiles = 0
         if compiled:
             # On GPUs, CUDA graphs (one per shape: mode "reduce-overhead") unless `cuda_graphs` is off
-            # (a graph replays fixed addresses); on a CPU there are none to capture. Dynamic sizes: one graph serves every batch bucket and attended span.
+            # (a graph replays fixed addresses); on a CPU there are none to capture. Dynamic sizes:
+            # one graph serves every batch bucket and attended span.
             # The model's modules never change during a run (weights are updated in place), so
             # their hundreds of guards, checked before every step, are skipped.
             options = {"triton.cudagraphs": self.cuda_graphs,
