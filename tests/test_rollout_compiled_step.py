@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specroll.models import build_tiny_model
+from specroll.models import KVCache, build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.rollout import engine as engine_module
 from specroll.rollout.compiled_step import graphs_compiled
-from specroll.rollout.engine import batch_bucket, span_bucket
+from specroll.rollout.engine import batch_bucket, cache_shape, decode_one_token, span_bucket
 from specroll.spec import SpecConfig
 
 EOS_IDS = [1, 2, 3]
@@ -275,3 +275,23 @@ def test_a_decoder_kept_at_two_rows_compiles_no_one_row_graphs_up_front(model, m
         out = engine.generate(prompts, params)
         assert out.stats["compiles"] == 0 and max(out.stats["budget_per_step"]) > 1
     assert min(out.stats["active_rows_per_step"]) == 1
+
+
+def test_a_compiled_step_traces_one_decoder_layer_for_all_of_them(monkeypatch):
+    """Compiled, every decoder layer calls one nested region traced once (so compiling a deep
+    model costs about what one layer does), not a copy of the layer per layer."""
+    monkeypatch.setattr(torch._dynamo.config, "specialize_float", True)  # as a compiled StepFunction sets it
+    model = build_tiny_model("qwen2", seed=0, num_layers=4)
+    graphs = []
+
+    def record(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    step = torch.compile(decode_one_token, backend=record, fullgraph=True, dynamic=True)
+    rows = torch.zeros(2, dtype=torch.long)
+    with torch.inference_mode():
+        step(model, rows, KVCache.for_model(model, *cache_shape(2, 8)), 8, rows, rows, SamplingParams())
+    (graph,) = graphs
+    regions = [node.args[1] for node in graph.graph.nodes if node.target is torch.ops.higher_order.invoke_subgraph]
+    assert len(regions) == 4 and len(set(regions)) == 1

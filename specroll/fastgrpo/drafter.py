@@ -47,7 +47,7 @@ class FeatureDrafter(nn.Module):
         cfg = model_config
         self.config = cfg
         self.fc = PrepackedLinear(2 * cfg.hidden_size, cfg.hidden_size, bias=True)
-        self.layer = DecoderLayer(cfg, 0)  # layer 0 of the drafter's own one-layer KV cache
+        self.layer = DecoderLayer(cfg)  # with the drafter's own one-layer KV cache
         self.register_buffer("inv_freq", rope_inverse_frequencies(cfg), persistent=False)
         self.base_model, self.base_model_name, self.updates = model_fingerprint(cfg), cfg.name, 0
 
@@ -77,7 +77,8 @@ class FeatureDrafter(nn.Module):
         freqs = positions[..., None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, head_dim]
         x = self.fc(torch.cat((features, token_emb), dim=-1))
-        return self.layer(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype), cache, slots, mask)
+        return self.layer(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype), None if cache is None else cache.layer(0),
+                          slots, mask)
 
     # -- persistence ----------------------------------------------------------------------
     def meta(self) -> DrafterMeta:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+LayerKV = tuple[torch.Tensor, torch.Tensor]  # one layer's keys and values, [rows, heads, slots, head_dim] each
+
 
 class KVCache:
     def __init__(
@@ -65,17 +67,9 @@ class KVCache:
             )
         return lengths[:, None] + torch.arange(num_new, device=lengths.device)
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store new keys / values ([B, H, T, D]) at `slots` ([B, T])."""
-        rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
-        self.k[layer][rows, :, slots] = k.transpose(1, 2)
-        self.v[layer][rows, :, slots] = v.transpose(1, 2)
-
-    def view(self, layer: int, batch: int, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of the first `num_slots` slots of the `batch` live rows, [B, H, S, D]."""
-        # narrow, not slicing: a compiled step then needs num_slots <= slots, not a guard on whether they are equal
-        return (self.k[layer].narrow(0, 0, batch).narrow(2, 0, num_slots),
-                self.v[layer].narrow(0, 0, batch).narrow(2, 0, num_slots))
+    def layer(self, layer: int) -> LayerKV:
+        """Layer `layer`'s keys and values, which its attention writes and reads in place (`store`, `attended`)."""
+        return self.k[layer], self.v[layer]
 
     def attention_mask(self, new_token_mask: torch.Tensor, span: int | None = None) -> torch.Tensor:
         """Which slots each new token may attend to, [B, 1, T, S].
@@ -153,3 +147,18 @@ class KVCache:
                 cache[dst, :, :used] = cache[b : b + 1, :, :used]
             self.lengths[dst] = self.lengths[b].clone()  # a view of the same tensor: CUDA refuses the overlap
         self.batch_size = n * repeats
+
+
+def store(layer_kv: LayerKV, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Store a layer's new keys / values ([B, H, T, D]) at `slots` ([B, T]) of its `layer_kv`."""
+    keys, values = layer_kv
+    rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
+    keys[rows, :, slots] = k.transpose(1, 2)
+    values[rows, :, slots] = v.transpose(1, 2)
+
+
+def attended(layer_kv: LayerKV, batch: int, num_slots: int) -> LayerKV:
+    """Keys and values of the first `num_slots` slots of the `batch` live rows, [B, H, S, D]."""
+    # narrow, not slicing: a compiled step then needs num_slots <= slots, not a guard on whether they are equal
+    keys, values = layer_kv
+    return keys.narrow(0, 0, batch).narrow(2, 0, num_slots), values.narrow(0, 0, batch).narrow(2, 0, num_slots)

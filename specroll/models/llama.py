@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .kv_cache import KVCache
+from .kv_cache import KVCache, LayerKV, attended, store
 from .prepacked_linear import PrepackedLinear, set_prepacked
 
 
@@ -78,25 +78,24 @@ def grouped_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split = (q_size, kv_size, kv_size)
         self.qkv_proj = PrepackedLinear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
         self.o_proj = PrepackedLinear(q_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, cache: KVCache | None, slots, mask) -> torch.Tensor:
+    def forward(self, x, cos, sin, layer_kv: LayerKV | None, slots, mask) -> torch.Tensor:
         batch, num_new, _ = x.shape
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = q.view(batch, num_new, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is not None:
-            cache.write(self.layer, slots, k, v)
-            k, v = cache.view(self.layer, batch, mask.shape[-1])
+        if layer_kv is not None:
+            store(layer_kv, slots, k, v)
+            k, v = attended(layer_kv, batch, mask.shape[-1])
         if mask is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_heads != self.num_kv_heads)
         else:
@@ -116,15 +115,19 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache, slots, mask) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, slots, mask)
+    # Compiled, every layer runs one region traced and compiled once, not one copy per layer:
+    # minutes less to compile a deep model on a GPU (a no-op when eager).
+    @torch.compiler.nested_compile_region
+    def forward(self, x, cos, sin, layer_kv, slots, mask) -> torch.Tensor:
+        """`layer_kv`: this layer's keys and values in the KV cache (`KVCache.layer`), or None."""
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_kv, slots, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -133,7 +136,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = PrepackedLinear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -195,8 +198,8 @@ class CausalLM(nn.Module):
         elif new_token_mask is not None:
             mask = new_token_mask[:, None]
 
-        for layer in self.layers:
-            x = layer(x, cos, sin, cache, slots, mask)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, None if cache is None else cache.layer(i), slots, mask)
         hidden = self.norm(x)
         picked = hidden
         if logits_at is not None:

@@ -3,8 +3,9 @@
 The functions wrapped here take fixed shapes (batch and attended span bucketed by the
 caller) and never read a tensor on the host, so one compiled graph (dynamic in those sizes)
 serves every step, and on a GPU a step of each shape replays as one CUDA graph (as in
-gpt-fast). Inductor
-caches compiled kernels on disk (`TORCHINDUCTOR_CACHE_DIR`), so later runs compile faster.
+gpt-fast). A model's layers compile once for all of them (`DecoderLayer` is a nested compile
+region). Inductor caches compiled kernels on disk (`TORCHINDUCTOR_CACHE_DIR`), so later runs
+compile faster.
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ class StepFunction:
         self.compile_s = 0.0  # wall time of the calls that compiled (tracing, codegen, the first run)
         self.compiles = 0
         if compiled:
+            # Floats (sampling temperature, norm epsilons) are constants of a graph, as before torch 2.6:
+            # a float traced as a variable cannot enter a nested compile region (torch 2.13).
+            torch._dynamo.config.specialize_float = True
             # On GPUs, CUDA graphs (one per shape: mode "reduce-overhead") unless `cuda_graphs` is off
             # (a graph replays fixed addresses); on a CPU there are none to capture. Dynamic sizes:
             # one graph serves every batch bucket and attended span.
