@@ -8,7 +8,8 @@ weights of its shape) at batch 1 and 32, Qwen2.5-1.5B's shape with random weight
 batch 64. Then `spec_vs_plain` quick, eager and compiled, where SmolLM2's weights exist.
 Each case also names the attention kernel its decode steps run on and any reason inductor
 gave for skipping CUDA graphs; `--profile` adds the costliest device ops of a step and how
-many ops a step launches.
+many ops a step launches; `--autotune-matmuls` adds a compiled run whose matmuls inductor picks
+by timing its own kernels against the vendor library's.
 On a fresh H200 each compiled shape takes 1.5-2.5 minutes to compile, so the whole check runs
 about 10 minutes; `--models` orders and splits it, and `--time-budget-s` skips (and names in
 the JSON) whatever would end past the budget. `--dry-run` runs tiny models on the CPU.
@@ -74,6 +75,7 @@ class Timing:
     busy_ms_per_step: float | None = None  # with --profile: device time in ops per step, prefill included
     span_ms_per_step: float | None = None  # with --profile: busy plus the gaps between ops
     cudagraph_skips: list | None = None  # why inductor ran a compiled step without CUDA graphs, if it did
+    matmuls_autotuned: bool = False  # compiled with inductor's matmul autotuning (max_autotune_gemm)
 
     def record(self) -> dict:
         return asdict(self) | {"times_weight_floor": self.decode_ms_per_step / self.weight_floor_ms,
@@ -81,7 +83,7 @@ class Timing:
 
 
 class TimeBudget:
-    """Whether a run of a kind ("eager", "compiled", "spec_vs_plain") would still end inside
+    """Whether a run of a kind ("eager", "compiled", "autotuned", "spec_vs_plain") would still end inside
     `seconds` from now, judged by the longest run of that kind so far; compiling kinds count at
     least `FIRST_COMPILED_S`, as compiling takes minutes on a fresh GPU machine. None: no limit."""
 
@@ -90,7 +92,8 @@ class TimeBudget:
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
         self.started = time.perf_counter()
-        self.longest = {"eager": 0.0, "compiled": self.FIRST_COMPILED_S, "spec_vs_plain": self.FIRST_COMPILED_S}
+        self.longest = {"eager": 0.0, "compiled": self.FIRST_COMPILED_S, "autotuned": self.FIRST_COMPILED_S,
+                        "spec_vs_plain": self.FIRST_COMPILED_S}
 
     def exhausted(self, kind: str) -> bool:
         if self.seconds is None:
@@ -247,10 +250,17 @@ def cudagraph_skips():
         log.removeHandler(handler)
 
 
-def time_case(model, case: Case, compiled: bool, floors: dict, device: torch.device, profile: bool = False) -> Timing:
-    with cudagraph_skips() as skips:
-        timing = time_calls(model, case, compiled, floors, device, profile)
-    timing.cudagraph_skips = skips
+def time_case(model, case: Case, compiled: bool, floors: dict, device: torch.device, profile: bool = False,
+              autotune_matmuls: bool = False) -> Timing:
+    if autotune_matmuls:
+        torch._dynamo.reset()  # compile the steps again, not reuse the graphs compiled without autotuning
+    try:
+        with cudagraph_skips() as skips, torch._inductor.config.patch(max_autotune_gemm=autotune_matmuls):
+            timing = time_calls(model, case, compiled, floors, device, profile)
+    finally:
+        if autotune_matmuls:
+            torch._dynamo.reset()  # nor let later runs reuse these
+    timing.cudagraph_skips, timing.matmuls_autotuned = skips, autotune_matmuls
     return timing
 
 
@@ -319,6 +329,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="also record each case's costliest ops per step")
     parser.add_argument("--attention-variants", action="store_true",
                         help="also time each case's decode attention against alternative kernels")
+    parser.add_argument("--autotune-matmuls", action="store_true",
+                        help="also time each case compiled with inductor's matmul autotuning (minutes more to compile)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS,
                         help="shapes to time, in this order")
     parser.add_argument("--time-budget-s", type=float, default=None,
@@ -329,6 +341,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.no_compile and args.no_eager:
         parser.error("--no-compile and --no-eager leave nothing to time")
+    if args.no_compile and args.autotune_matmuls:
+        parser.error("--autotune-matmuls needs compiling: drop --no-compile")
     return args
 
 
@@ -371,17 +385,17 @@ def main(argv=None) -> dict:
             print(f"attention, {name} batch {case.batch_size}: {variants}")
             write()
         case_floors = {"bandwidth_gbs": floors["bandwidth_gbs"], "matmul_gflops": floors["matmul_gflops_by_dtype"][case.dtype]}
-        modes = [compiled for compiled in (False, True)
-                 if not (compiled and args.no_compile) and not (not compiled and args.no_eager)]
-        for compiled in modes:
-            kind = "compiled" if compiled else "eager"
+        kinds = [kind for kind, wanted in (("eager", not args.no_eager), ("compiled", not args.no_compile),
+                                           ("autotuned", args.autotune_matmuls)) if wanted]
+        for kind in kinds:
+            compiled = kind != "eager"
             if budget.exhausted(kind):
-                result["skipped"].append({"case": asdict(case), "compiled": compiled, "why": "time budget"})
+                result["skipped"].append({"case": asdict(case), "compiled": compiled, "kind": kind, "why": "time budget"})
                 print(f"skipped {name} batch {case.batch_size} {kind}: time budget")
                 continue
             started = time.perf_counter()
             try:
-                timing = time_case(model, case, compiled, case_floors, device, args.profile)
+                timing = time_case(model, case, compiled, case_floors, device, args.profile, kind == "autotuned")
             except Exception:  # one failing case must not lose the others' measurements
                 result["errors"].append({"case": asdict(case), "compiled": compiled, "error": traceback.format_exc()})
                 print(result["errors"][-1]["error"])
