@@ -77,8 +77,9 @@ class FeatureDrafter(nn.Module):
         freqs = positions[..., None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, head_dim]
         x = self.fc(torch.cat((features, token_emb), dim=-1))
-        return self.layer(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype), None if cache is None else cache.layer(0),
-                          slots, mask)
+        x, update = self.layer(x, torch.zeros_like(x), emb.cos().to(x.dtype), emb.sin().to(x.dtype),
+                               None if cache is None else cache.layer(0), slots, mask)
+        return x + update
 
     # -- persistence ----------------------------------------------------------------------
     def meta(self) -> DrafterMeta:

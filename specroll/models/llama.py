@@ -125,10 +125,14 @@ class DecoderLayer(nn.Module):
     # Compiled, every layer runs one region traced and compiled once, not one copy per layer:
     # minutes less to compile a deep model on a GPU (a no-op when eager).
     @torch.compiler.nested_compile_region
-    def forward(self, x, cos, sin, layer_kv, slots, mask) -> torch.Tensor:
-        """`layer_kv`: this layer's keys and values in the KV cache (`KVCache.layer`), or None."""
+    def forward(self, x, update, cos, sin, layer_kv, slots, mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer over the residual stream `x + update`: (the stream after attention, the MLP's
+        output). The next layer adds that output as its `update`, in the same kernel as its norm:
+        compiled regions fuse nothing across their boundary. `layer_kv`: this layer's keys and
+        values in the KV cache (`KVCache.layer`), or None."""
+        x = x + update
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_kv, slots, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x, self.mlp(self.post_attention_layernorm(x))
 
 
 class CausalLM(nn.Module):
@@ -198,9 +202,10 @@ class CausalLM(nn.Module):
         elif new_token_mask is not None:
             mask = new_token_mask[:, None]
 
+        update = torch.zeros_like(x)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, None if cache is None else cache.layer(i), slots, mask)
-        hidden = self.norm(x)
+            x, update = layer(x, update, cos, sin, None if cache is None else cache.layer(i), slots, mask)
+        hidden = self.norm(x + update)
         picked = hidden
         if logits_at is not None:
             picked = torch.gather(hidden, 1, logits_at[..., None].expand(-1, -1, hidden.shape[-1]))
