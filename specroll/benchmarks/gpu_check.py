@@ -10,8 +10,8 @@ Each case also names the attention kernel its decode steps run on and any reason
 gave for skipping CUDA graphs; `--profile` adds the costliest device ops of a step and how
 many ops a step launches; `--autotune-matmuls` adds a compiled run whose matmuls inductor picks
 by timing its own kernels against the vendor library's.
-On a fresh H200 each compiled shape takes 1.5-2.5 minutes to compile, so the whole check runs
-about 10 minutes; `--models` orders and splits it, and `--time-budget-s` skips (and names in
+On a fresh H200 each compiled shape took 1.5-2.5 minutes to compile before a model's layers
+compiled once, so the whole check ran about 10 minutes; `--models` orders and splits it, and `--time-budget-s` skips (and names in
 the JSON) whatever would end past the budget. `--dry-run` runs tiny models on the CPU.
 
     python -m specroll.benchmarks.gpu_check --json gpu_check.json
