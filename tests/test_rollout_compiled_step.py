@@ -277,10 +277,9 @@ def test_a_decoder_kept_at_two_rows_compiles_no_one_row_graphs_up_front(model, m
     assert min(out.stats["active_rows_per_step"]) == 1
 
 
-def test_a_compiled_step_traces_one_decoder_layer_for_all_of_them(monkeypatch):
+def test_a_compiled_step_traces_one_decoder_layer_for_all_of_them():
     """Compiled, every decoder layer calls one nested region traced once (so compiling a deep
     model costs about what one layer does), not a copy of the layer per layer."""
-    monkeypatch.setattr(torch._dynamo.config, "specialize_float", True)  # as a compiled StepFunction sets it
     model = build_tiny_model("qwen2", seed=0, num_layers=4)
     graphs = []
 
@@ -290,7 +289,8 @@ def test_a_compiled_step_traces_one_decoder_layer_for_all_of_them(monkeypatch):
 
     step = torch.compile(decode_one_token, backend=record, fullgraph=True, dynamic=True)
     rows = torch.zeros(2, dtype=torch.long)
-    with torch.inference_mode():
+    # Floats as constants, as a compiled StepFunction sets them (pytest's monkeypatch breaks dynamo's config).
+    with torch.inference_mode(), torch._dynamo.config.patch(specialize_float=True):
         step(model, rows, KVCache.for_model(model, *cache_shape(2, 8)), 8, rows, rows, SamplingParams())
     (graph,) = graphs
     regions = [node.args[1] for node in graph.graph.nodes if node.target is torch.ops.higher_order.invoke_subgraph]
