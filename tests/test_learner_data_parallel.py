@@ -52,6 +52,10 @@ def run_rank(rank: int, out_dir: str) -> None:
         state = load_checkpoint(learner, latest_checkpoint(root))
         result = {"metrics": metrics, "version": version, "weights": weights, "resumed_step": state.step}
         torch.save(result, os.path.join(out_dir, f"stage{zero_stage}_rank{rank}.pt"))
+    # Both ranks done before either tears gloo down: a rank that exits first can abort the other
+    # (SIGABRT, "terminate called without an active exception", seen in full test runs).
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def test_two_ranks_match_one_process_on_the_whole_batch(tmp_path):
