@@ -397,7 +397,8 @@ def main(argv=None) -> dict:
             try:
                 timing = time_case(model, case, compiled, case_floors, device, args.profile, kind == "autotuned")
             except Exception:  # one failing case must not lose the others' measurements
-                result["errors"].append({"case": asdict(case), "compiled": compiled, "error": traceback.format_exc()})
+                result["errors"].append({"case": asdict(case), "compiled": compiled, "kind": kind,
+                                         "error": traceback.format_exc()})
                 print(result["errors"][-1]["error"])
                 continue
             finally:
