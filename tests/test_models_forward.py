@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specroll.models import CausalLM, from_hf_state_dict, tiny_config
-from specroll.models.llama import grouped_masked_attention, rope_inverse_frequencies
+from specroll.models.llama import attention_bias, grouped_masked_attention, rope_inverse_frequencies
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -184,4 +184,13 @@ def test_grouped_masked_attention_is_each_query_head_over_its_kv_head(heads, kv_
     k_per_head, v_per_head = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))
     scores = (q @ k_per_head.transpose(-1, -2)) / dim ** 0.5
     expected = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v_per_head
-    torch.testing.assert_close(grouped_masked_attention(q, k, v, mask), expected, rtol=1e-5, atol=1e-6)
+    bias = attention_bias(mask, heads // kv_heads, q.dtype)
+    torch.testing.assert_close(grouped_masked_attention(q, k, v, bias), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_bias_repeats_the_mask_for_each_query_head_of_a_group():
+    mask = torch.tensor([[True, False, True], [True, True, False]])[None, None]  # [1, 1, T=2, S=3]
+    inf = float("-inf")
+    rows = [[0.0, inf, 0.0], [0.0, 0.0, inf]]
+    assert torch.equal(attention_bias(mask, 2, torch.float32), torch.tensor(rows + rows)[None, None])
+    assert attention_bias(mask, 1, torch.bfloat16).dtype == torch.bfloat16

@@ -62,8 +62,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def grouped_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Attention of `q` [B, H, T, D] over `k`, `v` [B, KVH, S, D] where `mask` [B, 1, T, S] allows.
+def attention_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """What `grouped_masked_attention` adds to the scores where `mask` [B, 1, T, S] allows (0) or not
+    (-inf), for the G = `groups` query heads that share a key/value head, attending as one head of
+    G*T queries: [B, 1, G*T, S]. A forward makes it once for all its layers."""
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+    return bias.repeat(1, 1, groups, 1) if groups > 1 else bias
+
+
+def grouped_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Attention of `q` [B, H, T, D] over `k`, `v` [B, KVH, S, D] plus the `attention_bias` [B, 1, G*T, S].
 
     The G = H / KVH query heads that share a key/value head attend as one head of G*T queries,
     so the kernel sees plain multi-head attention: masked grouped-query attention has no fused
@@ -73,10 +81,9 @@ def grouped_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     kv_heads = k.shape[1]
     groups = heads // kv_heads
     if groups == 1:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     # Query head h = kv * G + g reads KV head kv; its query t becomes query g * T + t of head kv.
-    out = F.scaled_dot_product_attention(q.reshape(batch, kv_heads, groups * num_new, dim), k, v,
-                                         attn_mask=mask.repeat(1, 1, groups, 1))
+    out = F.scaled_dot_product_attention(q.reshape(batch, kv_heads, groups * num_new, dim), k, v, attn_mask=bias)
     return out.reshape(batch, heads, num_new, dim)  # a copy where the kernel returns another layout
 
 
@@ -89,7 +96,7 @@ class Attention(nn.Module):
         self.qkv_proj = PrepackedLinear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
         self.o_proj = PrepackedLinear(q_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, layer_kv: LayerKV | None, slots, mask) -> torch.Tensor:
+    def forward(self, x, cos, sin, layer_kv: LayerKV | None, slots, bias) -> torch.Tensor:
         batch, num_new, _ = x.shape
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = q.view(batch, num_new, self.num_heads, self.head_dim).transpose(1, 2)
@@ -98,11 +105,11 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if layer_kv is not None:
             store(layer_kv, slots, k, v)
-            k, v = attended(layer_kv, batch, mask.shape[-1])
-        if mask is None:
+            k, v = attended(layer_kv, batch, bias.shape[-1])
+        if bias is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_heads != self.num_kv_heads)
         else:
-            out = grouped_masked_attention(q, k, v, mask)
+            out = grouped_masked_attention(q, k, v, bias)
         return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, -1))
 
 
@@ -128,13 +135,14 @@ class DecoderLayer(nn.Module):
     # Compiled, every layer runs this one region, not a copy of its own: compiling barely grows
     # with depth (a no-op when eager).
     @nested_compile_region
-    def forward(self, x, update, cos, sin, layer_kv, slots, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x, update, cos, sin, layer_kv, slots, bias) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer over the residual stream `x + update`: (the stream after attention, the MLP's
         output). The next layer adds that output as its `update`, in the same kernel as its norm:
         compiled regions fuse nothing across their boundary. `layer_kv`: this layer's keys and
-        values in the KV cache (`KVCache.layer`), or None."""
+        values in the KV cache (`KVCache.layer`), or None; `bias`: the `attention_bias` of the
+        forward's mask, or None for causal attention without a cache."""
         x = x + update
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_kv, slots, mask)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_kv, slots, bias)
         return x, self.mlp(self.post_attention_layernorm(x))
 
 
@@ -185,7 +193,7 @@ class CausalLM(nn.Module):
         that needs no host sync; the caller guarantees every row's prefix plus T fits in it.
         """
         batch, num_new = input_ids.shape
-        device = input_ids.device
+        device, cfg = input_ids.device, self.config
         if position_ids is None:
             position_ids = torch.arange(num_new, device=device)[None].expand(batch, num_new)
             if cache is not None:
@@ -204,10 +212,11 @@ class CausalLM(nn.Module):
             mask = cache.attention_mask(new_token_mask, span)
         elif new_token_mask is not None:
             mask = new_token_mask[:, None]
+        bias = None if mask is None else attention_bias(mask, cfg.num_heads // cfg.num_kv_heads, x.dtype)
 
         update = torch.zeros_like(x)
         for i, layer in enumerate(self.layers):
-            x, update = layer(x, update, cos, sin, None if cache is None else cache.layer(i), slots, mask)
+            x, update = layer(x, update, cos, sin, None if cache is None else cache.layer(i), slots, bias)
         hidden = self.norm(x + update)
         picked = hidden
         if logits_at is not None:
