@@ -27,9 +27,14 @@ def test_gpu_check_dry_run_times_every_case_against_its_floors(tmp_path):
 
     # --models splits the check (each compiled shape takes minutes on a fresh GPU machine).
     # --profile names the ops a step spends its time in (the decoder layers' matmuls among them).
+    # --attention-variants times the step's attention call beside other kernels, against its output.
     gpu_check.main(["--dry-run", "--device", "cpu", "--no-compile", "--no-spec", "--models", "qwen2.5-1.5b",
-                    "--profile", "--json", str(path)])
-    (timing,) = json.loads(path.read_text())["timings"]
+                    "--profile", "--attention-variants", "--json", str(path)])
+    result = json.loads(path.read_text())
+    (variants,) = result["attention_variants"].values()
+    assert variants["grouped_masked"]["max_abs_diff"] == 0 and variants["grouped_masked"]["kernel_us_per_call"] > 0
+    assert variants["flex_masked"]["max_abs_diff"] < 0.05
+    (timing,) = result["timings"]
     assert timing["case"]["model"] == "tiny-qwen2"
     top_ms = [ms for _, ms, _ in timing["top_ops"]]
     assert len(top_ms) == 30 and top_ms == sorted(top_ms, reverse=True) and min(top_ms) >= 0

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import build_tiny_model, load_causal_lm, resolve_device, synchronize
-from ..models.llama import grouped_masked_attention
+from ..models.llama import attention_bias, grouped_masked_attention
 from ..rollout import RolloutEngine, SamplingParams
 from ..spec import shipped_heads
 from .floors import best_seconds, decode_step_flops, matmul_gflops, memory_bandwidth_gbs, weight_bytes_per_step
@@ -181,16 +181,18 @@ def attention_kernels(model, case: Case, device: torch.device) -> dict:
     mask = torch.ones(case.batch_size, 1, 1, span, dtype=torch.bool, device=device)
     grouped_q = q.reshape(case.batch_size, cfg.num_kv_heads, groups, cfg.head_dim)
     names = {int(member.value): name.lower() for name, member in SDPBackend.__members__.items()}
-    return {"grouped": names[torch._fused_sdp_choice(grouped_q, kv, kv, mask.repeat(1, 1, groups, 1))],
+    return {"grouped": names[torch._fused_sdp_choice(grouped_q, kv, kv, attention_bias(mask, groups, dtype))],
             "masked_gqa": names[torch._fused_sdp_choice(q, kv, kv, mask, enable_gqa=groups > 1)]}
 
 
 def attention_variants(model, case: Case, device: torch.device) -> dict:
     """Microseconds per call of one decode step's attention at this case's largest span, rows
     attending to random lengths of it: the model's call (a KV head's G query heads as one head,
-    masked), flash attention without a mask (what an unmasked kernel costs; a step needs the
-    mask) and FlexAttention (compiled, masked by a score modification), each with its largest
-    difference from the model's output."""
+    with the forward's attention bias), flash attention without a mask (what an unmasked kernel
+    costs; a step needs the mask) and FlexAttention (compiled, masked by a score modification),
+    each with its largest difference from the model's output. `us_per_call`: calls in a loop
+    (host work included); `kernel_us_per_call`: on a GPU, the same calls replayed as one CUDA
+    graph, as inside a step's graph (on a CPU, the loop's time)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     cfg = model.config
@@ -201,12 +203,13 @@ def attention_variants(model, case: Case, device: torch.device) -> dict:
             for _ in range(2))
     lengths = torch.randint(span // 2, span + 1, (case.batch_size,), device=device)
     mask = (torch.arange(span, device=device) < lengths[:, None])[:, None, None, :]
+    bias = attention_bias(mask, cfg.num_heads // cfg.num_kv_heads, dtype)
 
     def masked_score(score, b, h, q_idx, kv_idx):
         return torch.where(mask[b, 0, q_idx, kv_idx], score, -float("inf"))
 
     flex = torch.compile(flex_attention, dynamic=False)
-    variants = {"grouped_masked": lambda: grouped_masked_attention(q, k, v, mask),
+    variants = {"grouped_masked": lambda: grouped_masked_attention(q, k, v, bias),
                 "gqa_flash_unmasked": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
                 "flex_masked": lambda: flex(q, k, v, score_mod=masked_score, enable_gqa=True)}
     reference = variants["grouped_masked"]()
@@ -215,11 +218,30 @@ def attention_variants(model, case: Case, device: torch.device) -> dict:
     for name, fn in variants.items():
         try:
             difference = float((fn() - reference).abs().max())
-            seconds = best_seconds(lambda: [fn() for _ in range(calls)], device, repeats=5) / calls
-            result[name] = {"us_per_call": seconds * 1e6, "max_abs_diff": difference}
-        except Exception as exc:  # a variant this torch cannot run is reported, not fatal
-            result[name] = {"error": repr(exc)}
+            loop_s = best_seconds(lambda: [fn() for _ in range(calls)], device, repeats=5) / calls
+            result[name] = {"us_per_call": loop_s * 1e6, "max_abs_diff": difference}
+            result[name]["kernel_us_per_call"] = kernel_seconds(fn, device, calls) * 1e6
+        except Exception as exc:  # a variant this torch cannot run (or capture) is reported, not fatal
+            result[name] = result.get(name, {}) | {"error": repr(exc)}
     return result
+
+
+def kernel_seconds(fn, device: torch.device, calls: int) -> float:
+    """Seconds per call of `fn`'s kernels: on a GPU, `calls` calls captured as one CUDA graph and
+    replayed, so no host work sits between them; on a CPU, a loop of calls."""
+    if device.type != "cuda":
+        return best_seconds(lambda: [fn() for _ in range(calls)], device, repeats=5) / calls
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up before capture, as CUDA graphs require
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return best_seconds(graph.replay, device, repeats=5) / calls
 
 
 # Inductor says here why it skips CUDA graphs for a graph (an artifact log, off by default:
