@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specroll.models import CausalLM, from_hf_state_dict, tiny_config
-from specroll.models.llama import attention_bias, grouped_masked_attention, rope_inverse_frequencies
+from specroll.models.llama import apply_rope, attention_bias, grouped_masked_attention, rope_angles, rope_inverse_frequencies
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -112,6 +112,25 @@ def test_bf16_forward_is_close_to_fp32_transformers():
     assert got.dtype == torch.bfloat16
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.float(), expected, rtol=0, atol=0.1)
+
+
+def test_rope_rotates_each_pair_of_halves_by_its_positions_angle():
+    # Dimension i and i + D/2 form a pair rotated by angle position * inv_freq[i]: hand-worked for
+    # D = 4, inv_freq (1, 1/2), position 2, so angles 2 and 1.
+    cos, signed_sin = rope_angles(torch.tensor([[2]]), torch.tensor([1.0, 0.5]), torch.float32)
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    c, s = torch.tensor([2.0, 1.0]).cos(), torch.tensor([2.0, 1.0]).sin()
+    expected = torch.stack((x[0] * c[0] - x[2] * s[0], x[1] * c[1] - x[3] * s[1],
+                            x[2] * c[0] + x[0] * s[0], x[3] * c[1] + x[1] * s[1]))
+    torch.testing.assert_close(apply_rope(x, cos, signed_sin)[0, 0, 0], expected)
+    # The same bits as the concatenating form of transformers' rotate_half, in bf16 too.
+    for dtype in (torch.float32, torch.bfloat16):
+        positions = torch.arange(7)[None]
+        cos, signed_sin = rope_angles(positions, torch.rand(8), dtype)
+        x = torch.randn(1, 3, 7, 16).to(dtype)
+        sin = signed_sin[..., 8:].repeat(1, 1, 1, 2)  # the sines, unsigned, for both halves
+        rotate_half = torch.cat((-x[..., 8:], x[..., :8]), -1)
+        assert torch.equal(apply_rope(x, cos, signed_sin), x * cos + rotate_half * sin)
 
 
 def test_rope_frequencies_stay_float32_in_bf16():

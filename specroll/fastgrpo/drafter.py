@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..models import KVCache
-from ..models.llama import DecoderLayer, attention_bias, rope_inverse_frequencies
+from ..models.llama import DecoderLayer, attention_bias, rope_angles, rope_inverse_frequencies
 from ..models.prepacked_linear import PrepackedLinear, set_prepacked
 from ..spec.heads import model_fingerprint
 
@@ -74,12 +74,10 @@ class FeatureDrafter(nn.Module):
 
         Without a cache: causal attention over the T entries (training). With one: the entries'
         keys go to `slots` [B, T] and attend as `mask` [B, 1, T, S] allows (the caller's tree)."""
-        freqs = positions[..., None].float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, head_dim]
         x = self.fc(torch.cat((features, token_emb), dim=-1))
+        cos, signed_sin = rope_angles(positions, self.inv_freq, x.dtype)
         bias = None if mask is None else attention_bias(mask, self.config.num_heads // self.config.num_kv_heads, x.dtype)
-        x, update = self.layer(x, torch.zeros_like(x), emb.cos().to(x.dtype), emb.sin().to(x.dtype),
-                               None if cache is None else cache.layer(0), slots, bias)
+        x, update = self.layer(x, torch.zeros_like(x), cos, signed_sin, None if cache is None else cache.layer(0), slots, bias)
         return x + update
 
     # -- persistence ----------------------------------------------------------------------

@@ -56,10 +56,19 @@ def rope_inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
     return torch.where(is_medium, blended, scaled)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cosines and signed sines [B, 1, T, D] of the rotary angles at `positions` [B, T] that
+    `apply_rope` takes: the sines' first half negated, so a rotation needs no negation per layer."""
+    freqs = positions[..., None].float() * inv_freq
+    sin = freqs.sin()
+    return torch.cat((freqs, freqs), -1).cos().to(dtype)[:, None], torch.cat((-sin, sin), -1).to(dtype)[:, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """`x` [..., D] rotated by `rope_angles`: x * cos + (x's two halves swapped) * signed sin.
+    Swapped by a flip, not concatenated: compiled, a concatenation is a kernel per half."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return x * cos + swapped * signed_sin
 
 
 def attention_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
@@ -96,13 +105,13 @@ class Attention(nn.Module):
         self.qkv_proj = PrepackedLinear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
         self.o_proj = PrepackedLinear(q_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, layer_kv: LayerKV | None, slots, bias) -> torch.Tensor:
+    def forward(self, x, cos, signed_sin, layer_kv: LayerKV | None, slots, bias) -> torch.Tensor:
         batch, num_new, _ = x.shape
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
         q = q.view(batch, num_new, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, signed_sin), apply_rope(k, cos, signed_sin)
         if layer_kv is not None:
             store(layer_kv, slots, k, v)
             k, v = attended(layer_kv, batch, bias.shape[-1])
@@ -135,14 +144,14 @@ class DecoderLayer(nn.Module):
     # Compiled, every layer runs this one region, not a copy of its own: compiling barely grows
     # with depth (a no-op when eager).
     @nested_compile_region
-    def forward(self, x, update, cos, sin, layer_kv, slots, bias) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x, update, cos, signed_sin, layer_kv, slots, bias) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer over the residual stream `x + update`: (the stream after attention, the MLP's
         output). The next layer adds that output as its `update`, in the same kernel as its norm:
         compiled regions fuse nothing across their boundary. `layer_kv`: this layer's keys and
         values in the KV cache (`KVCache.layer`), or None; `bias`: the `attention_bias` of the
         forward's mask, or None for causal attention without a cache."""
         x = x + update
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_kv, slots, bias)
+        x = x + self.self_attn(self.input_layernorm(x), cos, signed_sin, layer_kv, slots, bias)
         return x, self.mlp(self.post_attention_layernorm(x))
 
 
@@ -198,10 +207,8 @@ class CausalLM(nn.Module):
             position_ids = torch.arange(num_new, device=device)[None].expand(batch, num_new)
             if cache is not None:
                 position_ids = position_ids + cache.lengths[:batch, None]
-        freqs = position_ids[..., None].float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
         x = self.embed_tokens(input_ids)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos, signed_sin = rope_angles(position_ids, self.inv_freq, x.dtype)
 
         slots, mask = None, None
         if cache is not None:
@@ -216,7 +223,7 @@ class CausalLM(nn.Module):
 
         update = torch.zeros_like(x)
         for i, layer in enumerate(self.layers):
-            x, update = layer(x, update, cos, sin, None if cache is None else cache.layer(i), slots, bias)
+            x, update = layer(x, update, cos, signed_sin, None if cache is None else cache.layer(i), slots, bias)
         hidden = self.norm(x + update)
         picked = hidden
         if logits_at is not None:
