@@ -59,9 +59,11 @@ def rope_inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The cosines and signed sines [B, 1, T, D] of the rotary angles at `positions` [B, T] that
     `apply_rope` takes: the sines' first half negated, so a rotation needs no negation per layer."""
-    freqs = positions[..., None].float() * inv_freq
-    sin = freqs.sin()
-    return torch.cat((freqs, freqs), -1).cos().to(dtype)[:, None], torch.cat((-sin, sin), -1).to(dtype)[:, None]
+    half = inv_freq.shape[0]
+    angles = positions[..., None].float() * inv_freq.repeat(2)  # [B, T, D]: each angle for both halves
+    sign = torch.where(torch.arange(2 * half, device=angles.device) < half, -1.0, 1.0)
+    # Compiled, one kernel makes both (a concatenation of halves is a kernel per half).
+    return angles.cos().to(dtype)[:, None], (angles.sin() * sign).to(dtype)[:, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
