@@ -56,16 +56,17 @@ def test_gpu_check_skips_what_would_end_past_its_time_budget(tmp_path):
     assert result["timings"] == [] and len(result["skipped"]) == 7 and result["skipped"][-1]["case"] == "spec_vs_plain"
 
 
-def test_gpu_check_times_a_run_with_autotuned_matmuls_beside_the_compiled_one(tmp_path):
+def test_gpu_check_times_runs_with_autotuned_matmuls_and_combo_kernels_beside_the_compiled_one(tmp_path):
     path = tmp_path / "gpu_check.json"
     gpu_check.main(["--dry-run", "--device", "cpu", "--no-eager", "--no-spec", "--models", "qwen2.5-1.5b",
-                    "--autotune-matmuls", "--json", str(path)])
+                    "--autotune-matmuls", "--combo-kernels", "--json", str(path)])
     result = json.loads(path.read_text())
     assert result["errors"] == []
-    assert [(t["compiled"], t["matmuls_autotuned"]) for t in result["timings"]] == [(True, False), (True, True)]
+    assert [(t["compiled"], t["kind"], t["inductor_options"]) for t in result["timings"]] == [
+        (True, "compiled", {}), (True, "autotuned", {"max_autotune_gemm": True}), (True, "combo", {"combo_kernels": True})]
     assert all(t["decode_ms_per_step"] > 0 for t in result["timings"])
     with pytest.raises(SystemExit):
-        gpu_check.main(["--dry-run", "--no-compile", "--autotune-matmuls", "--json", str(path)])
+        gpu_check.main(["--dry-run", "--no-compile", "--combo-kernels", "--json", str(path)])
 
 
 def test_cudagraph_skips_collects_the_reasons_inductor_logs_while_open():

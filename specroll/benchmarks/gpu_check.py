@@ -9,7 +9,8 @@ batch 64. Then `spec_vs_plain` quick, eager and compiled, where SmolLM2's weight
 Each case also names the attention kernel its decode steps run on and any reason inductor
 gave for skipping CUDA graphs; `--profile` adds the costliest device ops of a step and how
 many ops a step launches; `--autotune-matmuls` adds a compiled run whose matmuls inductor picks
-by timing its own kernels against the vendor library's.
+by timing its own kernels against the vendor library's, and `--combo-kernels` one whose
+independent kernels launch together (inductor's combo kernels).
 On a fresh H200 each compiled shape took 1.5-2.5 minutes to compile before a model's layers
 compiled once, so the whole check ran about 10 minutes; `--models` orders and splits it, and `--time-budget-s` skips (and names in
 the JSON) whatever would end past the budget. `--dry-run` runs tiny models on the CPU.
@@ -75,15 +76,27 @@ class Timing:
     busy_ms_per_step: float | None = None  # with --profile: device time in ops per step, prefill included
     span_ms_per_step: float | None = None  # with --profile: busy plus the gaps between ops
     cudagraph_skips: list | None = None  # why inductor ran a compiled step without CUDA graphs, if it did
-    matmuls_autotuned: bool = False  # compiled with inductor's matmul autotuning (max_autotune_gemm)
+    kind: str = "eager"  # a key of RUN_KINDS
+    inductor_options: dict | None = None  # what the kind sets in torch._inductor.config while it compiles
 
     def record(self) -> dict:
         return asdict(self) | {"times_weight_floor": self.decode_ms_per_step / self.weight_floor_ms,
                                "times_matmul_floor": self.decode_ms_per_step / self.matmul_floor_ms}
 
 
+# What each kind of run compiles with: None is eager; the others set these inductor options.
+RUN_KINDS = {
+    "eager": None,
+    "compiled": {},
+    # Inductor times Triton matmul templates against cuBLAS for each matmul (minutes more to compile).
+    "autotuned": {"max_autotune_gemm": True},
+    # Independent kernels launch as one (inductor marks this experimental): fewer launches a step.
+    "combo": {"combo_kernels": True},
+}
+
+
 class TimeBudget:
-    """Whether a run of a kind ("eager", "compiled", "autotuned", "spec_vs_plain") would still end inside
+    """Whether a run of a kind (one of RUN_KINDS, or "spec_vs_plain") would still end inside
     `seconds` from now, judged by the longest run of that kind so far; compiling kinds count at
     least `FIRST_COMPILED_S`, as compiling takes minutes on a fresh GPU machine. None: no limit."""
 
@@ -92,8 +105,8 @@ class TimeBudget:
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
         self.started = time.perf_counter()
-        self.longest = {"eager": 0.0, "compiled": self.FIRST_COMPILED_S, "autotuned": self.FIRST_COMPILED_S,
-                        "spec_vs_plain": self.FIRST_COMPILED_S}
+        self.longest = {kind: 0.0 if options is None else self.FIRST_COMPILED_S for kind, options in RUN_KINDS.items()}
+        self.longest["spec_vs_plain"] = self.FIRST_COMPILED_S
 
     def exhausted(self, kind: str) -> bool:
         if self.seconds is None:
@@ -272,17 +285,18 @@ def cudagraph_skips():
         log.removeHandler(handler)
 
 
-def time_case(model, case: Case, compiled: bool, floors: dict, device: torch.device, profile: bool = False,
-              autotune_matmuls: bool = False) -> Timing:
-    if autotune_matmuls:
-        torch._dynamo.reset()  # compile the steps again, not reuse the graphs compiled without autotuning
+def time_case(model, case: Case, kind: str, floors: dict, device: torch.device, profile: bool = False) -> Timing:
+    """One run of `kind` (a key of RUN_KINDS): its own inductor options, its own graphs."""
+    options = RUN_KINDS[kind]
+    if options:
+        torch._dynamo.reset()  # compile the steps again, not reuse the graphs compiled without the options
     try:
-        with cudagraph_skips() as skips, torch._inductor.config.patch(max_autotune_gemm=autotune_matmuls):
-            timing = time_calls(model, case, compiled, floors, device, profile)
+        with cudagraph_skips() as skips, torch._inductor.config.patch(options or {}):
+            timing = time_calls(model, case, options is not None, floors, device, profile)
     finally:
-        if autotune_matmuls:
+        if options:
             torch._dynamo.reset()  # nor let later runs reuse these
-    timing.cudagraph_skips, timing.matmuls_autotuned = skips, autotune_matmuls
+    timing.cudagraph_skips, timing.kind, timing.inductor_options = skips, kind, options
     return timing
 
 
@@ -353,6 +367,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also time each case's decode attention against alternative kernels")
     parser.add_argument("--autotune-matmuls", action="store_true",
                         help="also time each case compiled with inductor's matmul autotuning (minutes more to compile)")
+    parser.add_argument("--combo-kernels", action="store_true",
+                        help="also time each case compiled with inductor's combo kernels (independent kernels as one launch)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS,
                         help="shapes to time, in this order")
     parser.add_argument("--time-budget-s", type=float, default=None,
@@ -363,8 +379,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.no_compile and args.no_eager:
         parser.error("--no-compile and --no-eager leave nothing to time")
-    if args.no_compile and args.autotune_matmuls:
-        parser.error("--autotune-matmuls needs compiling: drop --no-compile")
+    if args.no_compile and (args.autotune_matmuls or args.combo_kernels):
+        parser.error("--autotune-matmuls and --combo-kernels need compiling: drop --no-compile")
     return args
 
 
@@ -408,16 +424,16 @@ def main(argv=None) -> dict:
             write()
         case_floors = {"bandwidth_gbs": floors["bandwidth_gbs"], "matmul_gflops": floors["matmul_gflops_by_dtype"][case.dtype]}
         kinds = [kind for kind, wanted in (("eager", not args.no_eager), ("compiled", not args.no_compile),
-                                           ("autotuned", args.autotune_matmuls)) if wanted]
+                                           ("autotuned", args.autotune_matmuls), ("combo", args.combo_kernels)) if wanted]
         for kind in kinds:
-            compiled = kind != "eager"
+            compiled = RUN_KINDS[kind] is not None
             if budget.exhausted(kind):
                 result["skipped"].append({"case": asdict(case), "compiled": compiled, "kind": kind, "why": "time budget"})
                 print(f"skipped {name} batch {case.batch_size} {kind}: time budget")
                 continue
             started = time.perf_counter()
             try:
-                timing = time_case(model, case, compiled, case_floors, device, args.profile, kind == "autotuned")
+                timing = time_case(model, case, kind, case_floors, device, args.profile)
             except Exception:  # one failing case must not lose the others' measurements
                 result["errors"].append({"case": asdict(case), "compiled": compiled, "kind": kind,
                                          "error": traceback.format_exc()})

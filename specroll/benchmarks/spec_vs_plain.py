@@ -127,10 +127,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--compile", action="store_true", help="also run both engines with the compiled decode step")
     ap.add_argument("--no-eager", action="store_true", help="with --compile: the compiled engines only")
+    ap.add_argument("--combo-kernels", action="store_true",
+                    help="with --compile: inductor launches independent kernels as one (combo kernels, GPUs only)")
     args = ap.parse_args(argv)
     if args.no_eager and not args.compile:
         ap.error("--no-eager needs --compile: there would be nothing to time")
+    if args.combo_kernels and not args.compile:
+        ap.error("--combo-kernels needs --compile")
+    with torch._inductor.config.patch(combo_kernels=args.combo_kernels):  # for every graph the run compiles
+        return run(args)
 
+
+def run(args: argparse.Namespace) -> dict:
     model, tokenizer = load_causal_lm(args.policy, dtype=args.dtype, device=args.device)
     device = next(model.parameters()).device
     heads_path = None if args.heads == "untrained" else args.heads
