@@ -106,6 +106,27 @@ def test_commit_gather_keeps_a_tree_path_in_order(model):
             torch.testing.assert_close(logits[b, j], recompute(model, seqs[b] + nxt[: j + 1]), rtol=0, atol=ATOL)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_commit_gather_reads_every_source_before_it_writes(compiled):
+    # Sources that later destinations overwrite: row 1 moves slot 5 to 4 and slot 4 to 5, row 2 keeps
+    # slot 1's old contents (read before slot 1 is written).
+    cache = KVCache(2, 3, 12, 2, 4)
+    generator = torch.Generator().manual_seed(0)
+    for tensor in (*cache.k, *cache.v):
+        tensor.copy_(torch.randn(tensor.shape, generator=generator))
+    cache.lengths[:3] = torch.tensor([3, 4, 0])
+    before = [tensor.clone() for tensor in (*cache.k, *cache.v)]
+    kept = torch.tensor([[0, 2, 3], [1, 0, 2], [2, 0, 1]])
+    counts = torch.tensor([3, 2, 3])
+    commit = torch.compile(KVCache.commit_gather, fullgraph=True) if compiled else KVCache.commit_gather
+    commit(cache, kept, counts)
+    assert cache.lengths[:3].tolist() == [6, 6, 3]
+    for old, new in zip(before, (*cache.k, *cache.v)):
+        for row, base in enumerate([3, 4, 0]):
+            for j in range(3):
+                assert torch.equal(new[row, :, base + j], old[row, :, base + kept[row, j]])
+
+
 def test_keep_rows_drops_and_reorders(model):
     seqs = [random_tokens(3, 30), random_tokens(6, 31), random_tokens(4, 32)]
     cache = new_cache(model, 3)

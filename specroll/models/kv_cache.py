@@ -104,16 +104,12 @@ class KVCache:
         batch, width = node_index.shape
         rows = torch.arange(batch, device=node_index.device)[:, None].expand(batch, width)
         base = self.lengths[:batch, None]
-        src = base + node_index
-        dst = base + torch.arange(width, device=node_index.device)
-        # Row-major offsets of (row, head, slot) in a layer's [rows, heads, slots] vectors. Entries
-        # past a row's count are copied too: they land beyond its new length, where nothing is read.
-        heads, slots = self.k[0].shape[1:3]
-        first = (rows[:, :, None] * heads + torch.arange(heads, device=rows.device)) * slots
-        from_index, to_index = (first + src[:, :, None]).flatten(), (first + dst[:, :, None]).flatten()
+        src, dst = base + node_index, base + torch.arange(width, device=node_index.device)
+        # Entries past a row's count are moved too: they land beyond its new length, where nothing is read.
+        # Indexed whole-tensor, as `store` writes: compiled, that updates the cache in place, where an
+        # index_copy_ into a flattened view of it made inductor copy each layer's cache out and back.
         for cache in (*self.k, *self.v):
-            vectors = cache.view(-1, cache.shape[-1])
-            vectors.index_copy_(0, to_index, vectors.index_select(0, from_index))  # all read before any write
+            cache[rows, :, dst] = cache[rows, :, src]  # every source is read before any slot is written
         self.lengths[:batch] += counts
 
     def keep_rows(self, rows: torch.Tensor) -> None:
