@@ -11,7 +11,14 @@ from specroll.models import KVCache, build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.spec import HorizonHeads, SpecConfig, draft_candidates, select_tree, shipped_heads, tree_attention_mask
 from specroll.spec.decoder import DRAFT_PROBE_EVERY, RARE_PROBE_EVERY, blend
+from specroll.spec.tree import level_depths
 from specroll.spec.verify import verify_tree
+
+
+def test_level_depths_numbers_each_depths_candidates_in_drafting_order():
+    expected = torch.tensor([1, 2, 2, 2, 3, 3])
+    assert torch.equal(level_depths([1, 3, 2], 2, "cpu"), expected.expand(2, -1))
+    assert torch.equal(level_depths([4], 1, "cpu"), torch.ones(1, 4, dtype=torch.long))
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,7 @@ def add_lookup_candidates(cands: Candidates, lookup: LookupDrafts, step_logp: to
     node = torch.full((batch,), -1, dtype=torch.long, device=device)  # chain's last node (-1: root)
     on_heads = torch.ones(batch, dtype=torch.bool, device=device)  # chain so far is all shared nodes
     chain_score = torch.zeros(batch, device=device)
-    new = {"tokens": [], "parents": [], "depths": [], "scores": [], "head_probs": []}
+    new = {"tokens": [], "parents": [], "scores": [], "head_probs": []}
     for d in range(lookup.tokens.shape[1]):
         token, usable = lookup.tokens[:, d], lookup.valid[:, d]
         chain_score = chain_score + step_logp[:, d]
@@ -86,7 +86,6 @@ def add_lookup_candidates(cands: Candidates, lookup: LookupDrafts, step_logp: to
         added = usable & ~is_shared
         new["tokens"].append(token)
         new["parents"].append(node)
-        new["depths"].append(torch.full_like(node, d + 1))
         new["scores"].append(torch.where(added, chain_score, float("-inf")))
         new["head_probs"].append(torch.where(added, step_logp[:, d].exp(), 0.0))
         node = torch.where(is_shared, at[:, 0], torch.where(added, num_cands + d, node))
@@ -94,6 +93,7 @@ def add_lookup_candidates(cands: Candidates, lookup: LookupDrafts, step_logp: to
     if not new["tokens"]:
         return cands
     extra = {k: torch.stack(v, dim=1) for k, v in new.items()}
+    extra["depths"] = torch.arange(1, len(new["tokens"]) + 1, device=device).expand(batch, -1)  # the chain's
     return Candidates(torch.cat((cands.tokens, extra["tokens"]), 1), torch.cat((cands.parents, extra["parents"]), 1),
                       torch.cat((cands.depths, extra["depths"]), 1), torch.cat((scores, extra["scores"]), 1),
                       torch.cat((cands.head_probs, extra["head_probs"].to(cands.head_probs.dtype)), 1), cands.proposals)

@@ -14,6 +14,7 @@ draft node i (0-based) sits at index i + 1. Parents point into that combined ind
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -83,7 +84,7 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
     frontier_tokens = roots[:, None]
     frontier_scores = torch.zeros(batch, 1, device=hidden.device)
     frontier_ids = torch.full((batch, 1), -1, dtype=torch.long, device=hidden.device)
-    tokens, parents, depths, scores, head_probs, proposals = [], [], [], [], [], []
+    tokens, parents, sizes, scores, head_probs, proposals = [], [], [], [], [], []
     next_id = 0
     lm_head = model.lm_head.weight  # the policy's own, read every call, so drafts follow its updates
     width = min(width, heads.draft_vocab_size(lm_head))
@@ -112,7 +113,7 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
         flat_lp = top_lp.expand(batch, frontier_tokens.shape[1], width).flatten(1)
         tokens.append(torch.gather(flat_tok, 1, idx))
         parents.append(torch.gather(frontier_ids, 1, parent_slot))
-        depths.append(torch.full_like(idx, d + 1))
+        sizes.append(keep)
         scores.append(best)
         head_probs.append(torch.gather(flat_lp, 1, idx).exp())
         # The best kept nodes (topk sorts them) become the next frontier.
@@ -122,8 +123,18 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
         frontier_tokens, frontier_scores = tokens[-1][:, :width_next], best[:, :width_next]
         frontier_ids = torch.arange(next_id, next_id + width_next, device=hidden.device)[None].expand(batch, -1)
         next_id += keep
-    return Candidates(torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(depths, 1),
+    return Candidates(torch.cat(tokens, 1), torch.cat(parents, 1), level_depths(sizes, batch, hidden.device),
                       torch.cat(scores, 1), torch.cat(head_probs, 1), proposals if sketch_size else None)
+
+
+def level_depths(sizes: list[int], batch: int, device) -> torch.Tensor:
+    """[B, sum(sizes)] the depth of each candidate, in drafting order, when depth d + 1 drafted
+    sizes[d] of them: compiled, one kernel, where a concatenation of each depth's is one per depth."""
+    position = torch.arange(sum(sizes), device=device)
+    depth = torch.ones_like(position)
+    for start in itertools.accumulate(sizes[:-1]):
+        depth = depth + (position >= start).long()
+    return depth[None].expand(batch, -1)
 
 
 def select_tree(cands: Candidates, num_drafts: int, size: int | None = None) -> DraftTree:
