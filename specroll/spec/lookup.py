@@ -93,7 +93,7 @@ def add_lookup_candidates(cands: Candidates, lookup: LookupDrafts, step_logp: to
     if not new["tokens"]:
         return cands
     extra = {k: torch.stack(v, dim=1) for k, v in new.items()}
-    extra["depths"] = torch.arange(1, len(new["tokens"]) + 1, device=device).expand(batch, -1)  # the chain's
+    extra["depths"] = torch.arange(1, len(new["tokens"]) + 1, device=device).expand(batch, -1)  # chain node d: depth d + 1
     return Candidates(torch.cat((cands.tokens, extra["tokens"]), 1), torch.cat((cands.parents, extra["parents"]), 1),
                       torch.cat((cands.depths, extra["depths"]), 1), torch.cat((scores, extra["scores"]), 1),
                       torch.cat((cands.head_probs, extra["head_probs"].to(cands.head_probs.dtype)), 1), cands.proposals)
