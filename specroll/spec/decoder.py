@@ -374,6 +374,10 @@ class SpecDecoder:
         """A root-only step is the plain decode step (compiled where that is on), so a step that
         does not speculate costs what plain decoding does; its verdict accepts nothing."""
         step = self.plain.step(state)
+        if self.plain.compiled_on_cuda:
+            # Copied, as a tree step's judging copies its own: the next step's drafting reads it after
+            # its CUDA graph begins a new step, which may replay over the plain step's outputs.
+            state.last_hidden = state.last_hidden.clone()
         batch, device = step.tokens.shape[0], step.tokens.device
         nothing = torch.zeros(batch, 0, device=device)
         return Verdict(path=torch.zeros(batch, 1, dtype=torch.long, device=device), counts=step.counts,
