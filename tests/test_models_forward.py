@@ -213,3 +213,16 @@ def test_attention_bias_repeats_the_mask_for_each_query_head_of_a_group():
     rows = [[0.0, inf, 0.0], [0.0, 0.0, inf]]
     assert torch.equal(attention_bias(mask, 2, torch.float32), torch.tensor(rows + rows)[None, None])
     assert attention_bias(mask, 1, torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_a_models_form_names_its_architecture_dtype_and_packing_not_its_weights():
+    """`form` is what a compiled step guards on in place of the modules: equal for two models that
+    differ only in their weights' values, name or stop tokens, different otherwise."""
+    a = CausalLM(tiny_config("llama", name="a", eos_token_ids=[1]))
+    b = CausalLM(tiny_config("llama", name="b", eos_token_ids=[2]))
+    assert a.form == b.form
+    assert CausalLM(tiny_config("qwen2")).form != a.form
+    assert CausalLM(tiny_config("llama", rope_theta=500000.0)).form != a.form
+    assert b.use_prepacked_linears().form != a.form
+    assert b.use_prepacked_linears(False).form == a.form
+    assert b.to(torch.bfloat16).form != a.form

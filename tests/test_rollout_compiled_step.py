@@ -173,6 +173,17 @@ def test_compiled_step_generates_what_the_eager_step_does(model):
     assert compiled.generate(PROMPTS, params).stats["compiles"] == 0, "a repeated call recompiles"
 
 
+def test_compiled_engines_of_models_of_other_forms_generate_their_own_tokens():
+    """Compiled steps skip dynamo's guards on modules, so a graph traced for one model must not
+    serve a model of another form (`specialise`): a Qwen2 model the Llama one's size, compiled
+    after it in the same process, generates what it does eagerly (it ran the Llama graph before)."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=16, n=2)
+    for model_type in ("llama", "qwen2"):
+        model = build_tiny_model(model_type, seed=2, num_layers=2, init_std=0.2)
+        compiled = RolloutEngine(model, compile=True).generate(PROMPTS, params)
+        assert compiled.token_ids == RolloutEngine(model).generate(PROMPTS, params).token_ids, model_type
+
+
 @pytest.mark.parametrize("sync_free_trees", [False, True])
 def test_compiled_verify_forward_generates_what_the_eager_one_does(model, sync_free_trees):
     """The speculative engine with compiled steps (tree verify forwards padded to node-count
@@ -280,7 +291,9 @@ def test_a_decoder_kept_at_two_rows_compiles_no_one_row_graphs_up_front(model, m
 
 def test_a_compiled_step_traces_one_decoder_layer_for_all_of_them():
     """Compiled, every decoder layer calls one nested region traced once (so compiling barely grows
-    with depth), not a copy of the layer per layer."""
+    with depth), not a copy of the layer per layer (in a fresh process: on torch 2.11, a step compiled
+    before with other cache sizes gives each layer's cache sizes of its own, and a region; see the guide)."""
+    torch._dynamo.reset()
     model = build_tiny_model("qwen2", seed=0, num_layers=4)
     graphs = []
 
@@ -292,7 +305,7 @@ def test_a_compiled_step_traces_one_decoder_layer_for_all_of_them():
     rows = torch.zeros(2, dtype=torch.long)
     # Floats as constants, as a compiled StepFunction sets them (pytest's monkeypatch breaks dynamo's config).
     with torch.inference_mode(), torch._dynamo.config.patch(specialize_float=True):
-        step(model, rows, KVCache.for_model(model, *cache_shape(2, 8)), 8, rows, rows, SamplingParams())
+        step(model.form, model, rows, KVCache.for_model(model, *cache_shape(2, 8)), 8, rows, rows, SamplingParams())
     (graph,) = graphs
     regions = [node.args[1] for node in graph.graph.nodes if node.target is torch.ops.higher_order.invoke_subgraph]
     assert len(regions) == 4 and len(set(regions)) == 1

@@ -7,6 +7,7 @@ into one matmul each: at batch 1 a decode step is bound by weight reads and per-
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from typing import NamedTuple
 
 import torch
@@ -168,6 +169,16 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inverse_frequencies(cfg), persistent=False)
+        # The architecture as `form` names it: neither the weights' identity nor their stop tokens.
+        self.architecture = str({k: v for k, v in asdict(cfg).items() if k not in ("name", "eos_token_ids")})
+
+    @property
+    def form(self) -> str:
+        """What a compiled step's code depends on besides the weights' values (see
+        `rollout.compiled_step.specialise`): the architecture, the weights' dtype and device, and
+        whether linears multiply by packed weights."""
+        weight = self.embed_tokens.weight
+        return f"{self.architecture} {weight.dtype} {weight.device} prepacked={self.lm_head.prepacked}"
 
     def use_prepacked_linears(self, enabled: bool = True) -> "CausalLM":
         """Inference on CPU multiplies by prepacked weights (see `prepacked_linear`)."""

@@ -14,6 +14,18 @@ import time
 import torch
 
 
+def specialise(form: str) -> None:
+    """What a compiled step calls first: its graphs then serve `form` alone.
+
+    Compiled steps skip dynamo's guards on modules (hundreds, checked before every step; a run
+    updates weights in place), so a graph traced for one model would serve another. A step
+    therefore reads a string naming what its code depends on besides tensor values (the model's
+    `form`, the heads'), and dynamo guards on that instead.
+    """
+    if not form:
+        raise ValueError("a compiled step needs the form of the modules it runs")
+
+
 def graphs_compiled() -> int:
     """Graphs dynamo has compiled in this process so far."""
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]

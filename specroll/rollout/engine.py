@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..models import KVCache, load_causal_lm
-from .compiled_step import StepFunction
+from .compiled_step import StepFunction, specialise
 from .responses import ResponseBuffer
 from .sampling import RowRandom, SamplingParams, row_uniforms, sample_tokens, sampling_logprobs
 from .token_history import TokenHistory
@@ -121,11 +121,12 @@ def keep_emissions(responses: ResponseBuffer, history: TokenHistory, row_ids: to
     return tokens.gather(1, (counts - 1).clamp(min=0)[:, None]).squeeze(1), live & ~finished
 
 
-def decode_one_token(model, tokens: torch.Tensor, cache: KVCache, span: int, keys: torch.Tensor,
+def decode_one_token(form: str, model, tokens: torch.Tensor, cache: KVCache, span: int, keys: torch.Tensor,
                      counters: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """One plain step at a fixed shape: forward `tokens` [B], sample the next one per row with
     draw `counters` of its stream; (tokens [B], their log-probs [B], final hidden states [B, D]
-    at `tokens`). No host sync."""
+    at `tokens`). No host sync. `form`: `model.form` (see `specialise`)."""
+    specialise(form)
     logits_at = torch.zeros(tokens.shape[0], 1, dtype=torch.long, device=tokens.device)
     out = model(tokens[:, None], cache=cache, logits_at=logits_at, span=span)
     logprobs = sampling_logprobs(out.logits[:, -1], params)
@@ -160,7 +161,7 @@ class PlainDecoder:
         return True
 
     def step(self, state: DecodeState) -> StepResult:
-        tokens, logprobs, state.last_hidden = self.decode(self.model, state.last_tokens, state.cache, state.span(1),
+        tokens, logprobs, state.last_hidden = self.decode(self.model.form, self.model, state.last_tokens, state.cache, state.span(1),
                                                           state.rng.keys, state.rng.counters, state.params)
         state.rng.advance(1)
         state.cache.commit(state.live.long())  # a finished row rewrites the same slot from now on

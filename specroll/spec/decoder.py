@@ -11,7 +11,7 @@ from functools import partial
 
 import torch
 
-from ..rollout.compiled_step import StepFunction
+from ..rollout.compiled_step import StepFunction, specialise
 from ..models import KVCache
 from ..rollout.engine import DecodeState, PlainDecoder, StepResult, cache_shape, span_bucket
 from ..rollout.sampling import RowRandom, SamplingParams, sampling_logprobs
@@ -127,10 +127,10 @@ class SpecDecoder:
         span = span_bucket(int(cache.lengths[:batch].max()) + nodes, cache.max_len)
         if nodes == 1:
             keys, counters = (torch.zeros(batch, dtype=torch.long, device=ids.device) for _ in range(2))
-            self.plain.decode(self.model, ids[:, 0], cache, span, keys, counters, SamplingParams())
+            self.plain.decode(self.model.form, self.model, ids[:, 0], cache, span, keys, counters, SamplingParams())
         else:
             positions = cache.lengths[:batch, None] + torch.arange(nodes, device=ids.device)
-            self.verify_forward(self.model, ids, positions, cache, mask, span)
+            self.verify_forward(self.model.form, self.model, ids, positions, cache, mask, span)
 
     @torch.inference_mode()
     def compile_steps(self) -> None:
@@ -318,19 +318,20 @@ class SpecDecoder:
         nodes = node_bucket(max(budget, 4), self.cfg.max_nodes)
         shape = TreeShape(self.tree_drafts, self.cfg.max_children, self.cfg.max_frontier,
                           self.cfg.lookup_ngram if self.cfg.context_lookup else 0, self.cfg.calibration_momentum,
-                          self.lookup_acceptance.momentum, self.pass_counts.max_tokens, self.heads.form)
+                          self.lookup_acceptance.momentum, self.pass_counts.max_tokens)
         cache, history = state.cache, state.history
         lengths = cache.lengths[: state.batch_size]
         # A finished row waiting in the batch has its tree written from slot 0, so it always fits in the cache.
         lengths.mul_(state.live)
         lookup_rate = self.lookup_acceptance.rate if shape.lookup_ngram else None
-        drafted = self.draft_tree_step(self.model, self.heads, state.last_tokens, state.last_hidden, self.observed,
+        form = f"{self.model.form} {self.heads.form}"
+        drafted = self.draft_tree_step(form, self.model, self.heads, state.last_tokens, state.last_hidden, self.observed,
                                        self.predicted, history.tokens, history.lengths, lookup_rate, budget - 1,
                                        nodes - 1, shape)
         t1 = time.perf_counter()
-        logits, hidden = self.verify_forward(self.model, drafted.ids, lengths[:, None] + drafted.depths, cache,
+        logits, hidden = self.verify_forward(self.model.form, self.model, drafted.ids, lengths[:, None] + drafted.depths, cache,
                                              drafted.mask, state.span(nodes), begins_step=False)
-        judged = self.judge_tree_step(self.verify, self.heads, drafted, logits, hidden, cache, state.live, state.rng.keys,
+        judged = self.judge_tree_step(form, self.verify, self.heads, drafted, logits, hidden, cache, state.live, state.rng.keys,
                                       state.rng.counters, self.observed, self.predicted, lookup_rate, state.params, shape,
                                       begins_step=False)
         t2 = time.perf_counter()
@@ -356,7 +357,7 @@ class SpecDecoder:
         # Padded to a bucket of node counts, so the compiled forward meets few shapes.
         nodes = node_bucket(budget, self.cfg.max_nodes)
         ids, depths, mask = padded_tree_inputs(roots, tree, nodes, self.heads.num_heads)
-        logits, hidden = self.verify_forward(self.model, ids, lengths[:, None] + depths, cache, mask, state.span(nodes))
+        logits, hidden = self.verify_forward(self.model.form, self.model, ids, lengths[:, None] + depths, cache, mask, state.span(nodes))
         logits, hidden = logits[:, :budget], hidden[:, :budget]
         logprobs = sampling_logprobs(logits, state.params)
         uniforms = None if state.params.greedy else state.rng.peek(depths[:, :budget])
@@ -519,8 +520,10 @@ def warm_up_state(model, cache: KVCache, batch: int) -> DecodeState:
                        torch.zeros(batch, dtype=torch.long, device=device), last_hidden, SamplingParams())
 
 
-def tree_forward(model, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor, span: int):
-    """The verify forward at a fixed shape: logits and hidden states [B, nodes, ...] of every node."""
+def tree_forward(form: str, model, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor, span: int):
+    """The verify forward at a fixed shape: logits and hidden states [B, nodes, ...] of every node.
+    `form`: `model.form` (see `specialise`)."""
+    specialise(form)
     out = model(ids, position_ids=positions, cache=cache, new_token_mask=mask, span=span)
     return out.logits, out.hidden
 

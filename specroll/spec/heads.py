@@ -148,9 +148,11 @@ class HorizonHeads(nn.Module):
 
     @property
     def form(self) -> str:
-        """What drafting's code depends on besides the weights' values: type, depth, layers, vocabulary."""
+        """What drafting's code depends on besides the weights' values: type, depth, layers, vocabulary,
+        the weights' dtype and device, packed weights."""
         vocab = 0 if self.draft_vocab is None else self.draft_vocab.numel()
-        return f"{self.head_type}-{self.num_heads}x{self.num_layers}-{vocab}"
+        weight = next(self.parameters())
+        return f"{self.head_type}-{self.num_heads}x{self.num_layers}-{vocab} {weight.dtype} {weight.device} prepacked={self.prepacked}"
 
     def draft_vocab_size(self, lm_head_weight: torch.Tensor) -> int:
         return lm_head_weight.shape[0] if self.draft_vocab is None else self.draft_vocab.numel()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..rollout.compiled_step import specialise
 from ..rollout.sampling import SamplingParams, sampling_logprobs, uniforms_at
 from .lookup import LookupDrafts, add_lookup_candidates, chain_step_logp, learned_rates, lookup_drafts
 from .pass_counts import pass_increments
@@ -34,8 +35,6 @@ class TreeShape:
     calibration_momentum: float
     lookup_momentum: float
     max_tokens: int  # the largest emitted count `PassCounts` keeps apart
-    # The heads' structure: compiled steps skip guards on modules, so other heads need this to tell them apart.
-    heads_form: str
 
 
 @dataclass
@@ -64,7 +63,7 @@ class JudgedTree:
     pass_increments: torch.Tensor  # what the pass adds to `PassCounts.totals`
 
 
-def draft_tree_step(model, heads, roots: torch.Tensor, hidden: torch.Tensor, observed: torch.Tensor,
+def draft_tree_step(form: str, model, heads, roots: torch.Tensor, hidden: torch.Tensor, observed: torch.Tensor,
                     predicted: torch.Tensor, history_tokens: torch.Tensor, history_lengths: torch.Tensor,
                     lookup_rate: torch.Tensor | None, num_drafts: int, tree_size: int, shape: TreeShape) -> DraftedTree:
     """Every row's tree of its best `num_drafts` candidates, padded to `tree_size` draft nodes
@@ -72,7 +71,9 @@ def draft_tree_step(model, heads, roots: torch.Tensor, hidden: torch.Tensor, obs
     k of a larger drafting are the tree a drafting of k would give (see `tree`); the lookup
     chain, as long as the larger drafting allows, may share more of its nodes with the heads'
     (scored by both), so a budget below its bucket can choose another tree than a reading step
-    would. Exactness never depends on which tree is drafted."""
+    would. Exactness never depends on which tree is drafted. `form`: the model's and the heads'
+    (see `specialise`)."""
+    specialise(form)
     log_calibration = (observed / predicted).log()
     cands = draft_candidates(heads, model, hidden, roots, shape.drafts, log_calibration, shape.max_children,
                              shape.max_frontier)
@@ -85,12 +86,14 @@ def draft_tree_step(model, heads, roots: torch.Tensor, hidden: torch.Tensor, obs
     return DraftedTree(tree, lookup, ids, depths, mask)
 
 
-def judge_tree_step(verify, heads, drafted: DraftedTree, logits: torch.Tensor, hidden: torch.Tensor, cache,
+def judge_tree_step(form: str, verify, heads, drafted: DraftedTree, logits: torch.Tensor, hidden: torch.Tensor, cache,
                     live: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor, observed: torch.Tensor,
                     predicted: torch.Tensor, lookup_rate: torch.Tensor | None, params: SamplingParams,
                     shape: TreeShape) -> JudgedTree:
     """Sample every node of the verify forward's `logits` [B, nodes, V], accept by `verify`, keep
-    each live row's accepted path in `cache` (finished rows keep nothing) and learn from it."""
+    each live row's accepted path in `cache` (finished rows keep nothing) and learn from it.
+    `form`: the model's and the heads' (see `specialise`)."""
+    specialise(form)
     logprobs = sampling_logprobs(logits, params)
     uniforms = None if params.greedy else uniforms_at(keys, counters[:, None] + drafted.depths)
     verdict = verify(logprobs, drafted.tree, uniforms, params.greedy, heads.num_heads)
