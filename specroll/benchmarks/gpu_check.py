@@ -288,14 +288,12 @@ def cudagraph_skips():
 def time_case(model, case: Case, kind: str, floors: dict, device: torch.device, profile: bool = False) -> Timing:
     """One run of `kind` (a key of RUN_KINDS): its own inductor options, its own graphs."""
     options = RUN_KINDS[kind]
-    if options:
-        torch._dynamo.reset()  # compile the steps again, not reuse the graphs compiled without the options
-    try:
-        with cudagraph_skips() as skips, torch._inductor.config.patch(options or {}):
-            timing = time_calls(model, case, options is not None, floors, device, profile)
-    finally:
-        if options:
-            torch._dynamo.reset()  # nor let later runs reuse these
+    if options is not None:
+        # Compiled from a fresh state, as in a new process: no graphs of earlier runs (other options),
+        # and one region for all layers (torch 2.11 traces each apart when a step compiles again).
+        torch._dynamo.reset()
+    with cudagraph_skips() as skips, torch._inductor.config.patch(options or {}):
+        timing = time_calls(model, case, options is not None, floors, device, profile)
     timing.cudagraph_skips, timing.kind, timing.inductor_options = skips, kind, options
     return timing
 
@@ -453,6 +451,7 @@ def main(argv=None) -> dict:
         result["skipped"].append({"case": "spec_vs_plain", "why": "time budget"})
     elif not args.no_spec:
         try:
+            torch._dynamo.reset()  # its engines compile their own graphs, none with the options above
             result["spec_vs_plain"] = spec_vs_plain_quick(args.policy, device, args.dry_run)
         except Exception:
             result["errors"].append({"case": "spec_vs_plain", "error": traceback.format_exc()})
