@@ -483,3 +483,18 @@ def test_heads_of_another_depth_count_their_own_depths(model):
     assert len(engine.generate([[3, 4, 5]], params).stats["acceptance_by_depth"]) == 4
     engine.decoder.set_heads(HorizonHeads.for_model(model, "path", 2))
     assert len(engine.generate([[3, 4, 5]], params).stats["acceptance_by_depth"]) == 2
+
+
+def test_the_heads_form_names_their_structure_dtype_and_packing_not_their_weights():
+    """What compiled drafting guards on in place of the heads' modules (see `compiled_step.specialise`)."""
+    model = build_tiny_model("llama", seed=0)
+    a, b = HorizonHeads.for_model(model, "path", num_heads=3), HorizonHeads.for_model(model, "path", num_heads=3)
+    with torch.no_grad():
+        next(b.parameters()).add_(1)
+    assert a.form == b.form
+    assert HorizonHeads.for_model(model, "path", num_heads=2).form != a.form
+    b.set_draft_vocab(torch.arange(10))
+    assert b.form != a.form
+    b.set_draft_vocab(None)
+    assert b.use_prepacked_linears().form != a.form
+    assert copy.deepcopy(a).to(torch.bfloat16).form != a.form

@@ -12,8 +12,10 @@ many ops a step launches; `--autotune-matmuls` adds a compiled run whose matmuls
 by timing its own kernels against the vendor library's, and `--combo-kernels` one whose
 independent kernels launch together (inductor's combo kernels).
 On a fresh H200 each compiled shape took 1.5-2.5 minutes to compile before a model's layers
-compiled once, so the whole check ran about 10 minutes; `--models` orders and splits it, and `--time-budget-s` skips (and names in
-the JSON) whatever would end past the budget. `--dry-run` runs tiny models on the CPU.
+compiled once, so the whole check ran about 10 minutes; every compiled run now compiles from a
+fresh dynamo state (each batch size too, helped by inductor's on-disk cache), not re-measured on a
+GPU. `--models` orders and splits it, and `--time-budget-s` skips (and names in the JSON) whatever
+would end past the budget. `--dry-run` runs tiny models on the CPU.
 
     python -m specroll.benchmarks.gpu_check --json gpu_check.json
     python -m specroll.benchmarks.gpu_check --models qwen2.5-1.5b smollm2 --profile --time-budget-s 420
@@ -289,9 +291,7 @@ def time_case(model, case: Case, kind: str, floors: dict, device: torch.device, 
     """One run of `kind` (a key of RUN_KINDS): its own inductor options, its own graphs."""
     options = RUN_KINDS[kind]
     if options is not None:
-        # Compiled from a fresh state, as in a new process: no graphs of earlier runs (other options),
-        # and one region for all layers (torch 2.11 traces each apart when a step compiles again).
-        torch._dynamo.reset()
+        torch._dynamo.reset()  # as in a new process: no earlier run's graphs, nor the sizes they saw (docs/guide.md)
     with cudagraph_skips() as skips, torch._inductor.config.patch(options or {}):
         timing = time_calls(model, case, options is not None, floors, device, profile)
     timing.cudagraph_skips, timing.kind, timing.inductor_options = skips, kind, options

@@ -20,7 +20,8 @@ def specialise(form: str) -> None:
     Compiled steps skip dynamo's guards on modules (hundreds, checked before every step; a run
     updates weights in place), so a graph traced for one model would serve another. A step
     therefore reads a string naming what its code depends on besides tensor values (the model's
-    `form`, the heads'), and dynamo guards on that instead.
+    `form`, the heads'), and dynamo guards on that instead. The string must come in as an argument:
+    read through a module inside the step, its guard would be skipped with the module's.
     """
     if not form:
         raise ValueError("a compiled step needs the form of the modules it runs")

@@ -161,8 +161,8 @@ class PlainDecoder:
         return True
 
     def step(self, state: DecodeState) -> StepResult:
-        tokens, logprobs, state.last_hidden = self.decode(self.model.form, self.model, state.last_tokens, state.cache, state.span(1),
-                                                          state.rng.keys, state.rng.counters, state.params)
+        tokens, logprobs, state.last_hidden = self.decode(self.model.form, self.model, state.last_tokens, state.cache,
+                                                          state.span(1), state.rng.keys, state.rng.counters, state.params)
         state.rng.advance(1)
         state.cache.commit(state.live.long())  # a finished row rewrites the same slot from now on
         state.cached_bound += 1

@@ -325,15 +325,15 @@ class SpecDecoder:
         lengths.mul_(state.live)
         lookup_rate = self.lookup_acceptance.rate if shape.lookup_ngram else None
         form = f"{self.model.form} {self.heads.form}"
-        drafted = self.draft_tree_step(form, self.model, self.heads, state.last_tokens, state.last_hidden, self.observed,
-                                       self.predicted, history.tokens, history.lengths, lookup_rate, budget - 1,
-                                       nodes - 1, shape)
+        drafted = self.draft_tree_step(form, self.model, self.heads, state.last_tokens, state.last_hidden,
+                                       self.observed, self.predicted, history.tokens, history.lengths, lookup_rate,
+                                       budget - 1, nodes - 1, shape)
         t1 = time.perf_counter()
-        logits, hidden = self.verify_forward(self.model.form, self.model, drafted.ids, lengths[:, None] + drafted.depths, cache,
-                                             drafted.mask, state.span(nodes), begins_step=False)
-        judged = self.judge_tree_step(form, self.verify, self.heads, drafted, logits, hidden, cache, state.live, state.rng.keys,
-                                      state.rng.counters, self.observed, self.predicted, lookup_rate, state.params, shape,
-                                      begins_step=False)
+        logits, hidden = self.verify_forward(self.model.form, self.model, drafted.ids, lengths[:, None] + drafted.depths,
+                                             cache, drafted.mask, state.span(nodes), begins_step=False)
+        judged = self.judge_tree_step(form, self.verify, self.heads, drafted, logits, hidden, cache, state.live,
+                                      state.rng.keys, state.rng.counters, self.observed, self.predicted, lookup_rate,
+                                      state.params, shape, begins_step=False)
         t2 = time.perf_counter()
         # Copied, as what the next step reads: a GPU's next step replays over its graphs' outputs.
         state.last_hidden, state.rng.counters = judged.last_hidden.clone(), judged.counters.clone()
@@ -357,7 +357,8 @@ class SpecDecoder:
         # Padded to a bucket of node counts, so the compiled forward meets few shapes.
         nodes = node_bucket(budget, self.cfg.max_nodes)
         ids, depths, mask = padded_tree_inputs(roots, tree, nodes, self.heads.num_heads)
-        logits, hidden = self.verify_forward(self.model.form, self.model, ids, lengths[:, None] + depths, cache, mask, state.span(nodes))
+        logits, hidden = self.verify_forward(self.model.form, self.model, ids, lengths[:, None] + depths, cache, mask,
+                                             state.span(nodes))
         logits, hidden = logits[:, :budget], hidden[:, :budget]
         logprobs = sampling_logprobs(logits, state.params)
         uniforms = None if state.params.greedy else state.rng.peek(depths[:, :budget])
@@ -376,8 +377,8 @@ class SpecDecoder:
         does not speculate costs what plain decoding does; its verdict accepts nothing."""
         step = self.plain.step(state)
         if self.plain.compiled_on_cuda:
-            # Copied, as a tree step's judging copies its own: the next step's drafting reads it after
-            # its CUDA graph begins a new step, which may replay over the plain step's outputs.
+            # Copied, as judging copies its own: the next step reads it (drafting, head records) after a
+            # CUDA graph begins a new step, which may replay over the plain step's outputs.
             state.last_hidden = state.last_hidden.clone()
         batch, device = step.tokens.shape[0], step.tokens.device
         nothing = torch.zeros(batch, 0, device=device)
@@ -520,7 +521,8 @@ def warm_up_state(model, cache: KVCache, batch: int) -> DecodeState:
                        torch.zeros(batch, dtype=torch.long, device=device), last_hidden, SamplingParams())
 
 
-def tree_forward(form: str, model, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor, span: int):
+def tree_forward(form: str, model, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor,
+                 span: int):
     """The verify forward at a fixed shape: logits and hidden states [B, nodes, ...] of every node.
     `form`: `model.form` (see `specialise`)."""
     specialise(form)

@@ -152,7 +152,8 @@ class HorizonHeads(nn.Module):
         the weights' dtype and device, packed weights."""
         vocab = 0 if self.draft_vocab is None else self.draft_vocab.numel()
         weight = next(self.parameters())
-        return f"{self.head_type}-{self.num_heads}x{self.num_layers}-{vocab} {weight.dtype} {weight.device} prepacked={self.prepacked}"
+        structure = f"{self.head_type}-{self.num_heads}x{self.num_layers}-{vocab}"
+        return f"{structure} {weight.dtype} {weight.device} prepacked={self.prepacked}"
 
     def draft_vocab_size(self, lm_head_weight: torch.Tensor) -> int:
         return lm_head_weight.shape[0] if self.draft_vocab is None else self.draft_vocab.numel()
