@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from specroll.models import KVCache, build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.rollout import engine as engine_module
-from specroll.rollout.compiled_step import graphs_compiled
+from specroll.rollout.compiled_step import StepFunction, graphs_compiled
 from specroll.rollout.engine import batch_bucket, cache_shape, decode_one_token, span_bucket
 from specroll.spec import SpecConfig
 
@@ -185,6 +185,20 @@ def test_compiled_engines_of_models_of_other_forms_generate_their_own_tokens():
         compiled = RolloutEngine(model, compile=True).generate(PROMPTS, params)
         assert compiled.stats["compiles"] >= 1, model_type  # not dynamo's eager fallback either
         assert compiled.token_ids == RolloutEngine(model).generate(PROMPTS, params).token_ids, model_type
+
+
+def scaled(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return x * factor
+
+
+def test_a_compiled_step_compiles_a_sweep_of_settings_past_dynamos_default_limit():
+    """Floats are constants of a compiled step (a temperature, say), so each value is a graph of its
+    own: a sweep of ten in one process compiles ten (dynamo's limit of 8 per function made the ninth
+    raise, as a compiled engine did at its ninth temperature)."""
+    step = StepFunction(scaled, True, torch.device("cpu"))
+    for i in range(10):
+        assert step(torch.ones(3), 0.5 + i).tolist() == [0.5 + i] * 3
+    assert step.pop()["compiles"] == 10
 
 
 @pytest.mark.parametrize("sync_free_trees", [False, True])

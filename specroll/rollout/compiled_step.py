@@ -44,6 +44,9 @@ class StepFunction:
             # Floats (sampling temperature, norm epsilons) are constants of a graph, as before torch 2.6:
             # a float traced as a variable cannot enter a nested compile region (torch 2.13).
             torch._dynamo.config.specialize_float = True
+            # Each model form and sampling setting is a graph of its own: allow a sweep of them in one
+            # process (past the limit, a step compiled with fullgraph raises).
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             # On GPUs, CUDA graphs (one per shape: mode "reduce-overhead") unless `cuda_graphs` is off
             # (a graph replays fixed addresses); on a CPU there are none to capture. Dynamic sizes:
             # one graph serves every batch bucket and attended span.
