@@ -12,9 +12,8 @@ many ops a step launches; `--autotune-matmuls` adds a compiled run whose matmuls
 by timing its own kernels against the vendor library's, and `--combo-kernels` one whose
 independent kernels launch together (inductor's combo kernels).
 On a fresh H200 each compiled shape took 1.5-2.5 minutes to compile before a model's layers
-compiled once, so the whole check ran about 10 minutes; every compiled run now compiles from a
-fresh dynamo state (each batch size too, helped by inductor's on-disk cache), not re-measured on a
-GPU. `--models` orders and splits it, and `--time-budget-s` skips (and names in the JSON) whatever
+compiled once, so the whole check ran about 10 minutes. Every compiled run compiles from a fresh
+dynamo state, each batch size too (inductor's on-disk cache shortens the repeats). `--models` orders and splits it, and `--time-budget-s` skips (and names in the JSON) whatever
 would end past the budget. `--dry-run` runs tiny models on the CPU.
 
     python -m specroll.benchmarks.gpu_check --json gpu_check.json
