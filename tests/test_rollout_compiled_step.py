@@ -15,7 +15,8 @@ from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.rollout import engine as engine_module
 from specroll.rollout.compiled_step import StepFunction, graphs_compiled
 from specroll.rollout.engine import batch_bucket, cache_shape, decode_one_token, span_bucket
-from specroll.spec import SpecConfig
+from specroll.spec import SpecConfig, tree_gate
+from specroll.spec.profile import HardwareProfile
 
 EOS_IDS = [1, 2, 3]
 PROMPTS = [[5, 9, 13], [7, 8, 20, 21, 22, 23, 24, 25], [30, 31]]
@@ -104,6 +105,22 @@ def test_a_decode_step_reads_nothing_on_the_host(model):
     for reading in (spec(budget="fixed", fixed_nodes=4), spec(budget="fixed", fixed_nodes=4, sync_free_trees=True,
                                                               adaptation="reflex")):
         assert host_reads(reading, 36) > host_reads(reading, 12)
+
+
+def test_the_tree_gate_reads_its_counts_once_per_read_period(model, tmp_path, monkeypatch):
+    """Sync-free trees sized by a measured capacity read the gate's counts every READ_EVERY
+    tree steps (and once when the call ends), not every step."""
+    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
+    engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="concurrency", max_nodes=8,
+                                                  profile_cache_len=32, sync_free_trees=True), sync_every=1000)
+    decoder = engine.decoder
+    # Trees half a plain step's cost: they pay whatever they emit, so every step is a tree.
+    decoder.profile = HardwareProfile("m", "cpu", "float32", 32, [1, 4096], [1, 2, 4, 8],
+                                      [[0.010, 0.005, 0.005, 0.005]] * 2, tree_form="trees")
+    decoder.capacity = 24
+    extra = host_reads(engine, 36) - host_reads(engine, 12)
+    assert extra <= (36 - 12) // tree_gate.READ_EVERY + 1
+    assert any(decoder.gate.tokens_per_row(b) is not None for b in decoder.gate.buckets)  # it did read them
 
 
 def test_sync_free_tree_steps_generate_and_count_what_reading_every_step_does(model):
@@ -228,6 +245,7 @@ def test_a_compiled_decoder_compiles_up_front_what_it_runs(model, tmp_path, monk
         engine = RolloutEngine(model, spec=spec, compile=True)
         assert engine.decoder.profile.compiled
         engine.decoder.capacity = 16  # verify trees whatever C_hw the tiny model's timings gave
+        engine.decoder.gate = None  # and whether they pay
         engine.decoder.compile_stats()  # what was compiled up front (nothing the second time, or after other tests)
         out = engine.generate(PROMPTS, SamplingParams(max_new_tokens=80, n=2, seed=1))
         assert max(out.stats["budget_per_step"]) > 1 and max(out.stats["tokens_per_step_hist"]) > 1

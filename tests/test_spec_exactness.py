@@ -20,7 +20,7 @@ import torch
 from exactness import DecisionRecorder, assert_plain_responses, bonferroni_min, decisions_of, exactness_pvalues, hf_oracle
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens, sampling
-from specroll.spec import HorizonHeads, SpecConfig
+from specroll.spec import HorizonHeads, SpecConfig, tree_gate
 from specroll.spec.consolidation import ConsolidationConfig, HeadConsolidator
 from specroll.spec.drift import DriftConfig
 from specroll.spec.head_samples import SampleConfig, collect_samples, frequent_tokens
@@ -79,6 +79,7 @@ class Setting:
     n: int = 1500  # responses per prompt
     min_deep_share: float = 0.0  # kept tokens from decisions at depth >= 2 must be at least this share
     nucleus_candidates: int | None = None  # top-p searched among this many tokens first (else rows are sorted whole)
+    gate_probe_every: int | None = None  # a closed tree gate probing every this many plain steps (see gated_profile)
 
 
 SETTINGS = {
@@ -105,6 +106,10 @@ SETTINGS = {
     "t12-topp095-medusa-trained-fixed8": Setting(dict(temperature=1.2, top_p=0.95), "medusa-trained",
                                                  dict(budget="fixed", fixed_nodes=8, sync_free_trees=True),
                                                  min_deep_share=0.05),
+    # The tree gate closed from the start and probing every 3 plain steps: plain steps and trees
+    # alternate in sync-free batches.
+    "t1-path-random-concurrency-gated": Setting(dict(temperature=1.0), "path-random",
+                                                dict(budget="concurrency", sync_free_trees=True), gate_probe_every=3),
     "t1-path-random-fixed4": Setting(dict(temperature=1.0), "path-random", dict(budget="fixed", fixed_nodes=4), n=3000),
     "t07-medusa-random-lookup-first-fixed8": Setting(dict(temperature=0.7), "medusa-random",
                                                      dict(budget="fixed", fixed_nodes=8), lookup="first",
@@ -130,6 +135,16 @@ def cost_model_profile(decoder) -> None:
     prof.latency_s = [[1 + b * n / 4000 for n in prof.nodes] for b in prof.batch_sizes]
 
 
+def gated_profile(decoder) -> None:
+    """Trees cost twice a plain step at every batch size and are expected to emit a token per row:
+    the gate stays closed but for its probes; the capacity gives every row 4 nodes."""
+    prof = decoder.profile
+    prof.batch_sizes, prof.nodes = [1, 64, 512, 4096, 8192], [1, 2, 4, 8, 16]
+    prof.latency_s = [[1.0 if n == 1 else 2.0 for n in prof.nodes] for _ in prof.batch_sizes]
+    decoder.capacity = 18000
+    decoder.gate.tokens, decoder.gate.rows = [1.0] * len(decoder.gate.buckets), [1.0] * len(decoder.gate.buckets)
+
+
 def speculative_rollout(model, heads, setting: Setting, rule=verify_tree):
     """(output, recorder, sampling params) of one speculative generate call with `rule` as the acceptance rule."""
     nodes = setting.spec.get("fixed_nodes", 16)
@@ -139,6 +154,8 @@ def speculative_rollout(model, heads, setting: Setting, rule=verify_tree):
     engine.decoder.set_heads(heads)
     if cfg.budget == "cost_model":
         cost_model_profile(engine.decoder)
+    if setting.gate_probe_every is not None:
+        gated_profile(engine.decoder)
     if setting.lookup == "first":  # chains ranked first and never re-estimated
         engine.decoder.lookup_acceptance.rate.fill_(1.0)
         engine.decoder.lookup_acceptance.momentum = 1.0
@@ -147,6 +164,8 @@ def speculative_rollout(model, heads, setting: Setting, rule=verify_tree):
     with pytest.MonkeyPatch.context() as patch:
         if setting.nucleus_candidates is not None:
             patch.setattr(sampling, "NUCLEUS_CANDIDATES", setting.nucleus_candidates)
+        if setting.gate_probe_every is not None:
+            patch.setattr(tree_gate, "PROBE_EVERY", setting.gate_probe_every)
         return engine.generate(PROMPTS, params), recorder, params
 
 
@@ -192,6 +211,8 @@ def test_every_speculative_token_follows_the_policy(rollouts, name, record_prope
         assert out.stats["tokens_per_step_hist"].get(1, 0) > 0.3 * out.stats["verify_steps"]  # rejections are exercised
     if setting.lookup == "first":  # trees hold context lookup chains, and some of their drafts are accepted
         assert out.stats["lookup_token_share"] > 0.1
+    if setting.gate_probe_every is not None:  # plain steps and trees alternated
+        assert 1 in out.stats["budget_per_step"] and max(out.stats["budget_per_step"]) > 1
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))

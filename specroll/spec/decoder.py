@@ -25,6 +25,7 @@ from .maturation import matured_proposals
 from .pass_counts import PassCounts
 from .profile import get_profile
 from .reflex import FastState, SafetyGuard, matured_feedback, rms
+from .tree_gate import TreeGate
 from .tree import draft_candidates, select_tree
 from .tree_step import TreeShape, calibrated, draft_tree_step, judge_tree_step, padded_tree_inputs
 from .verify import Verdict, verify_tree
@@ -85,6 +86,7 @@ class SpecDecoder:
         self.verify = verify_tree
         self.max_tokens_per_step = cfg.max_nodes
         self.heads: HorizonHeads | None = None
+        self.gate: TreeGate | None = None  # set once the profile is known
         self.set_heads(heads if heads is not None else initial_heads(model, cfg))
         self.profile = None
         device_type = device.type
@@ -103,10 +105,18 @@ class SpecDecoder:
                           "docs/guide.md, Compiled decoding): rollout=vanilla is faster there")
         if compile:
             self.compile_steps()
-            self.start_running_estimates()  # outside inference mode, as set_heads; the warm-up taught them nothing
         if self.budget == "cost_model" or (self.budget == "concurrency" and cfg.capacity is None):
-            self.profile = get_profile(model, cfg.profile_cache_len, self.profiled_pass if compile else None)
+            # Sync-free trees are timed whole, so their profile weighs drafting and judging too.
+            tree_form = self.tree_form() if self.sync_free_trees and self.tree_buckets() else ""
+            timed = self.profiled_steps() if tree_form else self.profiled_pass if compile else None
+            self.profile = get_profile(model, cfg.profile_cache_len, timed, compile, tree_form,
+                                       cfg.max_nodes if tree_form else None)
         self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
+        # Trees sized by a measured capacity run only where they pay; a capacity set by hand, or
+        # min_nodes above 1, sizes them alone.
+        gated = self.budget == "concurrency" and self.profile is not None and self.profile.tree_steps
+        self.gate = TreeGate(self.tree_buckets(), cfg.max_nodes, cfg.min_gain, device) if gated and cfg.min_nodes == 1 else None
+        self.start_running_estimates()  # outside inference mode, as set_heads; warm-ups and profiles taught them nothing
         # Cost model: EMA of drafting seconds by the depth drafted (index 0: no drafting), and of
         # what a plain step and a tree step cost beyond their profiled forwards (None: not seen yet).
         self.draft_s = [0.0] * (self.heads.num_heads + 1)
@@ -132,6 +142,29 @@ class SpecDecoder:
             positions = cache.lengths[:batch, None] + torch.arange(nodes, device=ids.device)
             self.verify_forward(self.model.form, self.model, ids, positions, cache, mask, span)
 
+    def tree_form(self) -> str:
+        """What a sync-free tree step's cost depends on besides the model: the heads and the tree's settings."""
+        cfg = self.cfg
+        lookup = cfg.lookup_ngram if cfg.context_lookup else 0
+        return (f"{self.heads.form} max_nodes={cfg.max_nodes} children={cfg.max_children} "
+                f"frontier={cfg.max_frontier} lookup={lookup}")
+
+    def profiled_steps(self):
+        """What a hardware profile of sync-free trees times: `profiled_pass` for one node, else a
+        whole tree step, on a state per profiled cache, made in the profile's first round (untimed)."""
+        cached, states = self.cfg.profile_cache_len, {}
+
+        def timed(ids: torch.Tensor, cache, mask: torch.Tensor) -> None:
+            if ids.shape[1] == 1:
+                return self.profiled_pass(ids, cache, mask)
+            if id(cache) not in states:
+                batch = max(ids.shape[0], self.min_rows)
+                states[id(cache)] = filler_state(self.model, cache, batch, cached, cached + self.cfg.max_nodes)
+            state = states[id(cache)]
+            state.cached_bound = cached  # the profile restores the cache's lengths before each pass
+            self.tree_step_sized_on_host(state, ids.shape[1])
+        return timed
+
     @torch.inference_mode()
     def compile_steps(self) -> None:
         """Compile every graph decoding meets (the plain step, the verify forward and, for tree
@@ -152,7 +185,7 @@ class SpecDecoder:
                 self.profiled_pass(ids, cache, mask)
         if self.sync_free_trees:
             for batch in batches:
-                state = warm_up_state(self.model, cache, batch)
+                state = filler_state(self.model, cache, batch, 3, 11)
                 for nodes in self.tree_buckets():
                     self.tree_step_sized_on_host(state, nodes)
 
@@ -160,7 +193,7 @@ class SpecDecoder:
         """Node buckets of the tree steps sized on the host that this decoder's budget can run."""
         cfg = self.cfg
         sizes = [cfg.fixed_nodes] if self.budget == "fixed" else range(max(cfg.min_nodes, 2), cfg.max_nodes + 1)
-        return sorted({node_bucket(max(n, 4), cfg.max_nodes) for n in sizes if n > 1})
+        return sorted({sync_free_bucket(n, cfg.max_nodes) for n in sizes if n > 1})
 
     def set_heads(self, heads: HorizonHeads) -> None:
         """Use `heads` from the next step on (call between generate calls). A later version of the
@@ -181,6 +214,8 @@ class SpecDecoder:
         self.expected_per_row: torch.Tensor | None = None
         self.typical_per_row: torch.Tensor | None = None  # the same, averaged slowly
         self.steps_since_full_draft = 0
+        if self.gate is not None:
+            self.gate.reset()
         self.lookup_acceptance = LookupAcceptance(self.cfg.lookup_ngram, heads.num_heads, self.cfg.calibration_momentum, device)
         self.reset_stats()  # counters per depth of these heads
 
@@ -192,6 +227,8 @@ class SpecDecoder:
 
     def pop_stats(self) -> dict:
         s, counts = self.stats, self.pass_counts.read()
+        if self.gate is not None:
+            self.gate.read()  # the call's last trees, read with its counts
         out = verify_pass_stats(s, counts) | self.compile_stats()
         out["lookup_token_share"] = counts["lookup_accepted"] / max(counts["drafts_accepted"], 1)
         if self.records is not None:
@@ -216,11 +253,15 @@ class SpecDecoder:
         return (self.observed / self.predicted).log()
 
     def node_budget(self, active_rows: int) -> int:
-        """N_t of the budgets that need no drafts to decide it."""
+        """N_t of the budgets that need no drafts to decide it (1 where the tree gate closes)."""
         cfg = self.cfg
         if self.budget == "fixed":
             return cfg.fixed_nodes
-        return concurrency_budget(self.capacity, active_rows, cfg.min_nodes, cfg.max_nodes)
+        budget = concurrency_budget(self.capacity, active_rows, cfg.min_nodes, cfg.max_nodes)
+        if budget > 1 and self.gate is not None:
+            bucket = sync_free_bucket(budget, cfg.max_nodes)
+            return budget if self.gate.allows(self.profile, active_rows, budget, bucket) else 1
+        return budget
 
     def draft(self, state: DecodeState, max_drafts: int):
         """The heads' candidates, plus each row's context lookup chain (None if off)."""
@@ -248,9 +289,10 @@ class SpecDecoder:
 
     @property
     def sync_free_trees(self) -> bool:
-        """Whether tree steps read nothing on the host (`spec.sync_free_trees`): where their size
-        follows the rows live at the last read (fixed and concurrency budgets), and no Reflex or
-        head records read their feedback. The cost model reads each step's drafts to size its tree."""
+        """Whether tree steps read nothing on the host (`spec.sync_free_trees`; but for the tree
+        gate's counts, every `tree_gate.READ_EVERY` tree steps): where their size follows the rows
+        live at the last read (fixed and concurrency budgets), and no Reflex or head records read
+        their feedback. The cost model reads each step's drafts to size its tree."""
         return self.trees_may_skip_reads and self.budget != "cost_model" and self.reflex is None and self.records is None
 
     def next_step_sync_free(self, state: DecodeState) -> bool:
@@ -280,6 +322,8 @@ class SpecDecoder:
                 self.steps_since_full_draft += 1
         if budget == 1:
             self.pass_counts.add_plain(state.live)  # finished rows emit nothing
+            if self.gate is not None:
+                self.gate.note_plain()
         tree = select_tree(cands, budget - 1) if budget > 1 else None
         t1 = time.perf_counter()
         if budget > 1:
@@ -311,11 +355,11 @@ class SpecDecoder:
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
 
     def tree_step_sized_on_host(self, state: DecodeState, budget: int) -> StepResult:
-        """A tree step of `budget` nodes that reads nothing on the host (see `spec.tree_step`):
-        drafting, the verify forward and judging, each compiled where compiling is on."""
+        """A tree step of `budget` nodes that reads nothing on the host (see `spec.tree_step`; the
+        tree gate reads its counts every READ_EVERY steps): drafting, the verify forward and
+        judging, each compiled where compiling is on."""
         t0 = time.perf_counter()
-        # Trees of 2 nodes verify in the 4-node bucket: a dimension of size 1 would be a graph of its own.
-        nodes = node_bucket(max(budget, 4), self.cfg.max_nodes)
+        nodes = sync_free_bucket(budget, self.cfg.max_nodes)
         shape = TreeShape(self.tree_drafts, self.cfg.max_children, self.cfg.max_frontier,
                           self.cfg.lookup_ngram if self.cfg.context_lookup else 0, self.cfg.calibration_momentum,
                           self.lookup_acceptance.momentum, self.pass_counts.max_tokens)
@@ -342,6 +386,8 @@ class SpecDecoder:
             if lookup_rate is not None:
                 self.lookup_acceptance.rate = judged.lookup_rate.clone()
         self.pass_counts.totals += judged.pass_increments
+        if self.gate is not None:
+            self.gate.note_tree(nodes, judged.pass_increments[: self.max_tokens_per_step + 1])
         state.cached_bound += min(budget, self.heads.num_heads + 1)  # the longest path this tree can accept
         self.stats["verify_steps"] += 1
         self.stats["budget_per_step"].append(budget)
@@ -511,11 +557,18 @@ def node_bucket(nodes: int, max_nodes: int) -> int:
     return min(1 << (nodes - 1).bit_length(), max_nodes)
 
 
-def warm_up_state(model, cache: KVCache, batch: int) -> DecodeState:
-    """A decode state of `batch` rows of 3 prompt tokens in `cache`, to compile steps on."""
+def sync_free_bucket(nodes: int, max_nodes: int) -> int:
+    """The node bucket of a sync-free tree of `nodes`: trees of 2 verify in the 4-node bucket, as a
+    dimension of size 1 would be a graph of its own."""
+    return node_bucket(max(nodes, 4), max_nodes)
+
+
+def filler_state(model, cache: KVCache, batch: int, cached: int, history_slots: int) -> DecodeState:
+    """A decode state of `batch` rows of `cached` tokens each, in `cache` (its lengths set) and in
+    histories of `history_slots`, to compile or time steps on."""
     device = next(model.parameters()).device
-    history = TokenHistory.from_prompts([[0] * 3] * batch, 11, device)
-    cache.lengths.fill_(3)
+    history = TokenHistory.from_prompts([[0] * cached] * batch, history_slots, device)
+    cache.lengths.fill_(cached)
     last_hidden = torch.zeros(batch, model.config.hidden_size, device=device, dtype=next(model.parameters()).dtype)
     return DecodeState(cache, history, torch.arange(batch, device=device), RowRandom(0, list(range(batch)), device),
                        torch.zeros(batch, dtype=torch.long, device=device), last_hidden, SamplingParams())

@@ -1,0 +1,87 @@
+"""Whether sync-free tree steps pay: the tokens a row gets from them against what they cost.
+
+The concurrency budget sizes trees by the hardware's capacity alone (SPECROLL.md section 3),
+which takes drafting and judging a tree to cost little beside its verify forward and the
+drafts to be accepted. Where either fails (a GPU step bound by kernel launches, heads that
+draft poorly for this policy), a tree step emits fewer tokens per second than a plain step.
+A hardware profile timed through whole tree steps (`HardwareProfile.tree_steps`) gives both
+costs; what each node bucket's trees emit per live row is counted on the device as they run
+and read on the host every READ_EVERY tree steps (the only reads sync-free trees then make).
+While a bucket's trees lose, the budget decodes plain, with a tree every PROBE_EVERY steps
+(read at once) so its estimate can recover.
+"""
+from __future__ import annotations
+
+import torch
+
+from .profile import HardwareProfile
+
+READ_EVERY = 16  # tree steps between two host reads of the counts (a read waits for the GPU)
+PROBE_EVERY = 64  # plain steps before a tree step measures a closed bucket again
+DECAY = 0.5  # weight of the rows counted before a read: the estimate follows what trees emit now
+
+
+def trees_pay(tokens_per_row: float, plain_s: float, tree_s: float, min_gain: float) -> bool:
+    """Whether a tree step that emits `tokens_per_row` per row in `tree_s` seconds beats a plain
+    step's one token in `plain_s` by more than the fraction `min_gain`."""
+    return tokens_per_row * plain_s > (1 + min_gain) * tree_s
+
+
+class TreeGate:
+    """Per node bucket, tokens per live row of the sync-free tree steps run so far (decayed sums
+    over host reads, so a one-row probe moves an estimate made of many rows little), and whether
+    the next tree of a bucket should run."""
+
+    def __init__(self, buckets: list[int], max_tokens: int, min_gain: float, device) -> None:
+        self.buckets, self.min_gain = buckets, min_gain
+        # Per bucket, live row-steps that emitted k = 0..max_tokens tokens since the last read.
+        self.unread = torch.zeros(len(buckets), max_tokens + 1, dtype=torch.long, device=device)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every estimate (other heads draft now)."""
+        self.unread.zero_()
+        self.unread_steps = 0
+        self.tokens = [0.0] * len(self.buckets)  # decayed sums of tokens emitted and of live row-steps
+        self.rows = [0.0] * len(self.buckets)
+        self.plain_steps_since_tree = 0
+
+    def tokens_per_row(self, bucket: int) -> float | None:
+        """What a live row emits per tree step of `bucket`; None before one is read."""
+        i = self.buckets.index(bucket)
+        return self.tokens[i] / self.rows[i] if self.rows[i] else None
+
+    def allows(self, profile: HardwareProfile, batch: int, nodes: int, bucket: int) -> bool:
+        """Whether `batch` rows should run a tree of `nodes` nodes (verified in `bucket`): yes until
+        its bucket has been measured, then where it pays by the profile, and as a probe every
+        PROBE_EVERY plain steps."""
+        estimate = self.tokens_per_row(bucket)
+        if estimate is None or self.plain_steps_since_tree >= PROBE_EVERY:
+            return True
+        return trees_pay(estimate, profile.latency(batch, 1), profile.latency(batch, nodes), self.min_gain)
+
+    def note_tree(self, bucket: int, by_tokens: torch.Tensor) -> None:
+        """A tree step ran in `bucket`; `by_tokens` [max_tokens + 1]: its live rows that emitted k
+        tokens (a device tensor: added without a host read, read every READ_EVERY steps)."""
+        self.unread[self.buckets.index(bucket)] += by_tokens
+        after_plain = self.plain_steps_since_tree > 0  # a probe, mostly: read it, the next is far off
+        self.plain_steps_since_tree = 0
+        self.unread_steps += 1
+        if after_plain or self.unread_steps >= READ_EVERY:
+            self.read()
+
+    def note_plain(self) -> None:
+        self.plain_steps_since_tree += 1
+
+    def read(self) -> None:
+        """Fold the counts since the last read into each bucket's sums (one host read)."""
+        if not self.unread_steps:
+            return
+        emitted = torch.arange(self.unread.shape[1], device=self.unread.device)
+        counts = torch.stack(((self.unread * emitted).sum(1), self.unread.sum(1)), 1).tolist()
+        self.unread.zero_()
+        self.unread_steps = 0
+        for i, (tokens, rows) in enumerate(counts):
+            if rows:
+                self.tokens[i] = DECAY * self.tokens[i] + tokens
+                self.rows[i] = DECAY * self.rows[i] + rows
