@@ -38,15 +38,27 @@ def test_trees_pay_when_their_tokens_per_row_outrun_their_cost():
 def test_the_gate_estimates_tokens_per_live_row_by_bucket_and_closes_where_trees_lose():
     gate = TreeGate([4, 8, 16], max_tokens=5, min_gain=0.05, device="cpu")
     profile = table_profile(plain_ms=10, tree_ms=15)
-    assert gate.allows(profile, 8, 4, 4)  # nothing measured: trees run to find out
+    assert gate.allows(profile, 8, 4)  # nothing measured: trees run to find out
     for _ in range(tree_gate.READ_EVERY - 1):
         gate.note_tree(4, by_tokens(0, 2, 2))  # 4 live rows emit 1, 1, 2, 2 tokens
     assert gate.tokens_per_row(4) is None  # not read yet: no host read every step
     gate.note_tree(4, by_tokens(0, 2, 2))
     assert gate.tokens_per_row(4) == 1.5 and gate.tokens_per_row(8) is None
-    assert not gate.allows(profile, 8, 4, 4)  # 1.5 tokens for 1.5x a plain step's cost
-    assert gate.allows(profile, 8, 8, 8)  # another bucket: unmeasured
-    assert gate.allows(table_profile(plain_ms=10, tree_ms=12), 8, 4, 4)  # 1.5 for 1.2x pays
+    assert not gate.allows(profile, 8, 4)  # 1.5 tokens for 1.5x a plain step's cost
+    assert gate.allows(profile, 8, 8)  # another bucket: unmeasured
+    assert gate.allows(table_profile(plain_ms=10, tree_ms=12), 8, 4)  # 1.5 for 1.2x pays
+
+
+def test_where_a_bucket_loses_a_smaller_one_that_pays_runs():
+    gate = TreeGate([4, 8, 16], max_tokens=16, min_gain=0.05, device="cpu")
+    # Plain 10 ms; trees of 4 nodes 15 ms, of 8 nodes 30 ms, of 16 nodes 40 ms.
+    profile = HardwareProfile("m", "cpu", "float32", 256, [1, 4096], [1, 4, 8, 16],
+                              [[0.010, 0.015, 0.030, 0.040]] * 2, tree_form="trees")
+    gate.tokens, gate.rows = [1.8, 2.2, 3.0], [1.0, 1.0, 1.0]  # tokens per row of each bucket's trees
+    assert gate.largest_allowed(profile, 4, 16) == 4  # 3.0 for 4x and 2.2 for 3x lose; 1.8 for 1.5x pays
+    assert gate.largest_allowed(profile, 4, 8) == 4
+    gate.tokens[0] = 1.5
+    assert gate.largest_allowed(profile, 4, 16) is None  # nothing pays: a plain step
 
 
 def test_a_closed_gate_probes_and_reads_the_probe_at_once():
@@ -54,14 +66,14 @@ def test_a_closed_gate_probes_and_reads_the_probe_at_once():
     profile = table_profile(plain_ms=10, tree_ms=15)
     gate.tokens, gate.rows = [2.0], [2.0]  # two rows read so far, a token each
     for _ in range(tree_gate.PROBE_EVERY - 1):
-        assert not gate.allows(profile, 1, 4, 4)
+        assert not gate.allows(profile, 1, 4)
         gate.note_plain()
     gate.note_plain()
-    assert gate.allows(profile, 1, 4, 4)  # the probe
+    assert gate.allows(profile, 1, 4)  # the probe
     gate.note_tree(4, by_tokens(0, 0, 0, 0, 1))  # one row accepted 3 drafts
     d = tree_gate.DECAY  # the old rows count for d each: (2d + 4) / (2d + 1) tokens per row
     assert gate.tokens_per_row(4) == pytest.approx((2 * d + 4) / (2 * d + 1))
-    assert gate.allows(profile, 1, 4, 4)  # 2.5 tokens for 1.5x: open again
+    assert gate.allows(profile, 1, 4)  # 2.5 tokens for 1.5x: open again
     gate.reset()
     assert gate.tokens_per_row(4) is None and gate.plain_steps_since_tree == 0
 

@@ -259,8 +259,10 @@ class SpecDecoder:
             return cfg.fixed_nodes
         budget = concurrency_budget(self.capacity, active_rows, cfg.min_nodes, cfg.max_nodes)
         if budget > 1 and self.gate is not None:
-            bucket = sync_free_bucket(budget, cfg.max_nodes)
-            return budget if self.gate.allows(self.profile, active_rows, budget, bucket) else 1
+            # Costs as the step runs: at the power-of-two batch the engine compacts to, in its node bucket.
+            batch = max(1 << (max(active_rows, 1) - 1).bit_length(), self.min_rows)
+            bucket = self.gate.largest_allowed(self.profile, batch, sync_free_bucket(budget, cfg.max_nodes))
+            return 1 if bucket is None else min(budget, bucket)
         return budget
 
     def draft(self, state: DecodeState, max_drafts: int):

@@ -51,14 +51,18 @@ class TreeGate:
         i = self.buckets.index(bucket)
         return self.tokens[i] / self.rows[i] if self.rows[i] else None
 
-    def allows(self, profile: HardwareProfile, batch: int, nodes: int, bucket: int) -> bool:
-        """Whether `batch` rows should run a tree of `nodes` nodes (verified in `bucket`): yes until
-        its bucket has been measured, then where it pays by the profile, and as a probe every
-        PROBE_EVERY plain steps."""
+    def allows(self, profile: HardwareProfile, batch: int, bucket: int) -> bool:
+        """Whether `batch` rows should run trees of `bucket` nodes: yes until the bucket has been
+        measured, then where its trees pay by the profile, and as a probe every PROBE_EVERY plain steps."""
         estimate = self.tokens_per_row(bucket)
         if estimate is None or self.plain_steps_since_tree >= PROBE_EVERY:
             return True
-        return trees_pay(estimate, profile.latency(batch, 1), profile.latency(batch, nodes), self.min_gain)
+        return trees_pay(estimate, profile.latency(batch, 1), profile.latency(batch, bucket), self.min_gain)
+
+    def largest_allowed(self, profile: HardwareProfile, batch: int, limit: int) -> int | None:
+        """The largest bucket up to `limit` whose trees `batch` rows should run (a smaller tree
+        verifies in a cheaper bucket); None: none, a plain step."""
+        return next((b for b in sorted(self.buckets, reverse=True) if b <= limit and self.allows(profile, batch, b)), None)
 
     def note_tree(self, bucket: int, by_tokens: torch.Tensor) -> None:
         """A tree step ran in `bucket`; `by_tokens` [max_tokens + 1]: its live rows that emitted k
