@@ -29,9 +29,9 @@ class SpecConfig:
     fixed_nodes: int = 8  # nodes per response (root included) for budget=fixed
     min_nodes: int = 1  # N_min; 1 = plain decoding when speculation does not fit
     max_nodes: int = 16  # N_max nodes per response, root included
-    # cost_model and the tree gate (concurrency with sync-free trees, spec/tree_gate.py): a tree must
-    # beat plain decoding's estimated rate by this fraction. Near break-even the estimates' noise decides, and a
-    # wrong tree costs more than a right one gains.
+    # cost_model and the tree gate (concurrency with sync-free trees, spec/tree_gate.py): a tree
+    # must beat plain decoding's estimated rate by this fraction. Near break-even the estimates'
+    # noise decides, and a wrong tree costs more than a right one gains.
     min_gain: float = 0.05
     # C_hw override; None = from the cached hardware profile, which with sync-free trees also
     # gates them: plain steps where a tree's measured tokens do not pay for its profiled cost.

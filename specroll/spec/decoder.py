@@ -114,9 +114,9 @@ class SpecDecoder:
         self.capacity = cfg.capacity or (self.profile.capacity if self.profile else 1)
         # Trees sized by a measured capacity run only where they pay; a capacity set by hand, or
         # min_nodes above 1, sizes them alone.
-        gated = self.budget == "concurrency" and self.profile is not None and self.profile.tree_steps
-        self.gate = TreeGate(self.tree_buckets(), cfg.max_nodes, cfg.min_gain, device) if gated and cfg.min_nodes == 1 else None
-        self.start_running_estimates()  # outside inference mode, as set_heads; warm-ups and profiles taught them nothing
+        if self.budget == "concurrency" and self.profile is not None and self.profile.tree_steps and cfg.min_nodes == 1:
+            self.gate = TreeGate(self.tree_buckets(), cfg.max_nodes, cfg.min_gain, device)
+        self.start_running_estimates()  # outside inference mode, as set_heads; warm-ups and profiles taught nothing
         # Cost model: EMA of drafting seconds by the depth drafted (index 0: no drafting), and of
         # what a plain step and a tree step cost beyond their profiled forwards (None: not seen yet).
         self.draft_s = [0.0] * (self.heads.num_heads + 1)

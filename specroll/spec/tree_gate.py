@@ -62,7 +62,8 @@ class TreeGate:
     def largest_allowed(self, profile: HardwareProfile, batch: int, limit: int) -> int | None:
         """The largest bucket up to `limit` whose trees `batch` rows should run (a smaller tree
         verifies in a cheaper bucket); None: none, a plain step."""
-        return next((b for b in sorted(self.buckets, reverse=True) if b <= limit and self.allows(profile, batch, b)), None)
+        allowed = (b for b in sorted(self.buckets, reverse=True) if b <= limit and self.allows(profile, batch, b))
+        return next(allowed, None)
 
     def note_tree(self, bucket: int, by_tokens: torch.Tensor) -> None:
         """A tree step ran in `bucket`; `by_tokens` [max_tokens + 1]: its live rows that emitted k
