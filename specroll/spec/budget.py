@@ -1,8 +1,8 @@
 """Node budget: how many tree nodes (root included) each response gets in a verify step.
 
 N_t = 1 is plain decoding. `concurrency` follows the shrinking number of unfinished
-responses B_t: N_t = clamp(floor(C_hw / B_t), N_min, N_max), or 1 where the tree gate closes
-(`tree_gate.py`). `cost_model` picks the N_t that
+responses B_t: N_t = clamp(floor(C_hw / B_t), N_min, N_max), cut to the largest node bucket
+whose trees pay, or to 1, by the tree gate (`tree_gate.py`). `cost_model` picks the N_t that
 maximises expected accepted tokens per second from the profiled verify latency plus the
 measured drafting time for that tree (smaller trees draft fewer depths), and skips drafting
 when not even perfect drafts could pay.

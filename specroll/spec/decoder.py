@@ -253,7 +253,7 @@ class SpecDecoder:
         return (self.observed / self.predicted).log()
 
     def node_budget(self, active_rows: int) -> int:
-        """N_t of the budgets that need no drafts to decide it (1 where the tree gate closes)."""
+        """N_t of the budgets that need no drafts to decide it (cut by the tree gate where it applies)."""
         cfg = self.cfg
         if self.budget == "fixed":
             return cfg.fixed_nodes

@@ -7,8 +7,8 @@ draft poorly for this policy), a tree step emits fewer tokens per second than a 
 A hardware profile timed through whole tree steps (`HardwareProfile.tree_steps`) gives both
 costs; what each node bucket's trees emit per live row is counted on the device as they run
 and read on the host every READ_EVERY tree steps (the only reads sync-free trees then make).
-While a bucket's trees lose, the budget decodes plain, with a tree every PROBE_EVERY steps
-(read at once) so its estimate can recover.
+While a bucket's trees lose, the budget runs a smaller bucket's that pay, or plain steps, with
+a tree every PROBE_EVERY plain steps (read at once) so the estimate can recover.
 """
 from __future__ import annotations
 
