@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import copy
 import pickle
+import sys
 
 import torch
 import torch.nn.functional as F
 
 from specroll.models import CausalLM, tiny_config
 from specroll.models import prepacked_linear
-from specroll.models.prepacked_linear import PackedWeight, PrepackedLinear, packed_copy_of, packed_linear
+from specroll.models.prepacked_linear import PackedWeight, PrepackedLinear, linear_by_packed_copy, packed_copy, packed_linear
 
 
 def packed_layer(bias: bool = True, seed: int = 0) -> PrepackedLinear:
@@ -27,7 +28,7 @@ def test_matches_f_linear_for_any_row_count_and_layout():
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
         x = torch.randn(5, 3, 24).transpose(0, 1)  # not contiguous
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    assert packed_copy_of(layer.weight).packed is not None  # the packed path really ran
+    assert packed_copy(layer.weight) is not None  # the packed path really ran
 
 
 def test_repacks_after_in_place_update_and_new_storage():
@@ -77,6 +78,31 @@ def test_packed_weight_never_mistakes_a_new_tensor_for_the_packed_one():
                                rtol=1e-5, atol=1e-5)
 
 
+def test_the_op_never_multiplies_by_a_freed_weights_copy():
+    x = torch.randn(3, 24)
+    first = torch.randn(40, 24)
+    linear_by_packed_copy(x, first)
+    key = id(first)
+    del first
+    others = [torch.randn(40, 24) for _ in range(100)]
+    second = next(t for t in others if id(t) == key)  # its id, at the same version 0
+    torch.testing.assert_close(linear_by_packed_copy(x, second), F.linear(x, second), rtol=1e-5, atol=1e-5)
+
+
+def test_the_op_with_a_fresh_copy_calls_only_the_onednn_op_in_python():
+    """A step makes over a hundred of these calls: each Python call costs, and on Python
+    3.11-3.12 one on a data-stack chunk boundary maps and unmaps a chunk every time."""
+    x, weight = torch.randn(3, 24), torch.randn(40, 24)
+    linear_by_packed_copy(x, weight)  # packs
+    calls = []
+    sys.setprofile(lambda frame, event, arg: calls.append(frame.f_code.co_name) if event == "call" else None)
+    try:
+        linear_by_packed_copy(x, weight)
+    finally:
+        sys.setprofile(None)
+    assert calls == ["linear_by_packed_copy", "__call__"]  # the second: the op's OpOverload
+
+
 def test_a_used_packed_layer_can_be_deep_copied_and_pickled():
     layer = packed_layer()
     x = torch.randn(3, 24)
@@ -101,12 +127,12 @@ def test_compiled_layer_matches_f_linear_and_follows_weight_updates():
         for shape in [(1, 24), (5, 24)]:
             x = torch.randn(*shape)
             torch.testing.assert_close(compiled(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    assert packed_copy_of(layer.weight).packed is not None
+    assert packed_copy(layer.weight) is not None
 
 
 def test_packed_copy_is_dropped_with_its_weight():
     weight = torch.randn(40, 24)
-    packed_copy_of(weight).get((weight,), lambda: weight)
+    linear_by_packed_copy(torch.randn(3, 24), weight)
     key = id(weight)
     assert key in prepacked_linear._packed_by_weight
     del weight

@@ -41,10 +41,7 @@ class PackedWeight:
         fresh = len(self.sources) == len(sources) and all(
             ref() is t and version == t._version for (ref, version), t in zip(self.sources, sources))
         if not fresh:
-            try:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(make_weight().detach(), PACKING_ROWS_HINT)
-            except (RuntimeError, AttributeError):
-                self.packed = None  # e.g. bf16 on a CPU without bf16 instructions
+            self.packed = pack(make_weight())
             self.sources = tuple((weakref.ref(t), t._version) for t in sources)
         return self.packed
 
@@ -57,31 +54,61 @@ class PackedWeight:
         return {"sources": (), "packed": None}
 
 
+def pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` in oneDNN's blocked layout; None where it cannot be packed (then use F.linear)."""
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKING_ROWS_HINT)
+    except (RuntimeError, AttributeError):
+        return None  # e.g. bf16 on a CPU without bf16 instructions
+
+
 def uses_packed_weight(x: torch.Tensor) -> bool:
     """Packed weights serve CPU inference; training (autograd) and GPUs use F.linear."""
     return x.device.type == "cpu" and not torch.is_grad_enabled()
 
 
+try:
+    _linear_pointwise = torch.ops.mkldnn._linear_pointwise.default
+except AttributeError:  # torch built without oneDNN: nothing is ever packed, so never called
+    _linear_pointwise = None
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return _linear_pointwise(x, packed, bias, "none", [], "")
 
 
-# The packed copy of each weight, dropped when the weight is freed.
-_packed_by_weight: dict[int, PackedWeight] = {}
+# weight id -> (the weight's version when packed, its packed copy or None); an entry is
+# dropped when its weight is freed, so an id never finds another tensor's copy.
+_packed_by_weight: dict[int, tuple[int, torch.Tensor | None]] = {}
 
 
-def packed_copy_of(weight: torch.Tensor) -> PackedWeight:
-    key = id(weight)
-    if key not in _packed_by_weight:
-        _packed_by_weight[key] = PackedWeight()
-        weakref.finalize(weight, _packed_by_weight.pop, key, None)
-    return _packed_by_weight[key]
+def packed_copy(weight: torch.Tensor) -> torch.Tensor | None:
+    """The packed copy `linear_by_packed_copy` last made of `weight`, if any."""
+    return _packed_by_weight.get(id(weight), (None, None))[1]
+
+
+def repack(weight: torch.Tensor) -> torch.Tensor | None:
+    if id(weight) not in _packed_by_weight:
+        weakref.finalize(weight, _packed_by_weight.pop, id(weight), None)
+    packed = pack(weight)
+    _packed_by_weight[id(weight)] = (weight._version, packed)
+    return packed
 
 
 def linear_by_packed_copy(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, multiplied by `weight`'s packed copy where it can be packed."""
-    packed = packed_copy_of(weight).get((weight,), lambda: weight)
-    return F.linear(x, weight, bias) if packed is None else packed_linear(x, packed, bias)
+    """`F.linear(x, weight, bias)`, multiplied by `weight`'s packed copy where it can be packed.
+
+    The op's kernel, run over a hundred times a step, so where the copy is fresh it calls no
+    Python function but the oneDNN op's: each Python frame costs time and, on Python 3.11-3.12,
+    one that lands on a data-stack chunk boundary maps and unmaps it on every call (gh-142183)."""
+    if weight.is_inference():
+        return F.linear(x, weight, bias)  # no version counter to detect updates by
+    version, packed = _packed_by_weight.get(id(weight), (None, None))
+    if version != weight._version:
+        packed = repack(weight)
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return _linear_pointwise(x, packed, bias, "none", [], "")
 
 
 # `linear_by_packed_copy` as one op that inductor leaves alone, so compiled steps use packed
