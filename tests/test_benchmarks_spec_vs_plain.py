@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from specroll.benchmarks.spec_vs_plain import main, oracle_accepted, repeat_ratio_se
+from specroll.benchmarks.spec_vs_plain import main, oracle_accepted, plain_row_off, repeat_ratio_se
 
 # Position j holds the policy's probability of the response token r_j (realised) and its
 # largest probabilities at that position (top). The root is r_0; a tree predicts r_1, r_2 ...
@@ -42,6 +42,16 @@ def test_the_ratio_standard_error_by_hand():
     pairs = [(100.0, 110.0), (50.0, 45.0), (80.0, 80.0)]
     assert math.isclose(repeat_ratio_se(pairs), 0.1 / math.sqrt(3))
     assert repeat_ratio_se(pairs[:1]) is None
+
+
+def test_a_plain_throughout_row_off_one_is_flagged_beyond_noise():
+    plain = {"budget_trace": [1, 1, 1], "speedup": 0.80, "speedup_se": 0.008}
+    assert plain_row_off(plain)
+    assert not plain_row_off(plain | {"speedup": 0.98})  # within the 3% tolerance
+    assert not plain_row_off(plain | {"speedup": 0.90, "speedup_se": 0.04})  # within 3 s.e. (0.12)
+    assert plain_row_off(plain | {"speedup": 1.10, "speedup_se": None})  # one repeat: the tolerance alone
+    assert not plain_row_off(plain | {"budget_trace": [1, 4, 1]})  # trees ran: any ratio may be real
+    assert not plain_row_off(plain | {"budget_trace": []})
 
 
 def test_speculative_responses_are_the_plain_ones_token_for_token(smollm2, tmp_path):

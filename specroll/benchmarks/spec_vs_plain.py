@@ -95,6 +95,15 @@ def repeat_ratio_se(pairs: list[tuple[float, float]]) -> float | None:
     return math.sqrt(sum((x - mean) ** 2 for x in ratios) / (len(ratios) - 1) / len(ratios))
 
 
+def plain_row_off(row: dict, tolerance: float = 0.03) -> bool:
+    """Whether a row whose speculative engine decoded plain throughout (every budget 1) reads
+    off 1.00x by more than `tolerance` and three standard errors: it measured something else."""
+    trace = row["budget_trace"]
+    if not trace or max(trace) > 1:
+        return False
+    return abs(row["speedup"] - 1.0) > max(tolerance, 3 * (row["speedup_se"] or 0.0))
+
+
 def timed_generate(engine, prompts, params, device):
     synchronize(device)
     started = time.perf_counter()
@@ -244,6 +253,10 @@ def run(args: argparse.Namespace) -> dict:
               f"{row['same_responses']:5.0%}  "
               f"{summary}")
     for row in rows:
+        if plain_row_off(row):
+            print(f"warning: {row['setting']} ({row['step']}) decoded plain throughout yet reads {row['speedup']:.2f}x: "
+                  "the engines' plain steps cost differently here (on Python 3.11-3.12 possibly the call depth "
+                  "they run at, see docs/guide.md#compiled-decoding)")
         if row["compiles_while_timed"]:
             print(f"warning: {row['setting']} ({row['step']}) compiled {row['compiles_while_timed']} graph(s) "
                   f"inside timed runs ({row['compile_s_while_timed']:.0f} s): its ratio counts them")
