@@ -41,8 +41,9 @@ class PackedWeight:
         fresh = len(self.sources) == len(sources) and all(
             ref() is t and version == t._version for (ref, version), t in zip(self.sources, sources))
         if not fresh:
+            sources_now = tuple((weakref.ref(t), t._version) for t in sources)  # before packing: an update during it repacks
             self.packed = pack(make_weight())
-            self.sources = tuple((weakref.ref(t), t._version) for t in sources)
+            self.sources = sources_now
         return self.packed
 
     # A cache: copies and pickles (deepcopy of heads, Ray transfers) start empty and repack on
@@ -90,8 +91,9 @@ def packed_copy(weight: torch.Tensor) -> torch.Tensor | None:
 def repack(weight: torch.Tensor) -> torch.Tensor | None:
     if id(weight) not in _packed_by_weight:
         weakref.finalize(weight, _packed_by_weight.pop, id(weight), None)
+    version = weight._version  # before packing: an update during it repacks at the next call
     packed = pack(weight)
-    _packed_by_weight[id(weight)] = (weight._version, packed)
+    _packed_by_weight[id(weight)] = (version, packed)
     return packed
 
 
