@@ -166,6 +166,7 @@ def speculative_rollout(model, heads, setting: Setting, rule=verify_tree):
             patch.setattr(sampling, "NUCLEUS_CANDIDATES", setting.nucleus_candidates)
         if setting.gate_probe_every is not None:
             patch.setattr(tree_gate, "PROBE_EVERY", setting.gate_probe_every)
+            patch.setattr(tree_gate, "MAX_PROBE_EVERY", setting.gate_probe_every)
         return engine.generate(PROMPTS, params), recorder, params
 
 

@@ -78,6 +78,29 @@ def test_a_closed_gate_probes_and_reads_the_probe_at_once():
     assert gate.tokens_per_row(4) is None and gate.plain_steps_since_tree == 0
 
 
+def test_probes_that_leave_the_gate_closed_come_ever_less_often():
+    gate = TreeGate([4], max_tokens=5, min_gain=0.05, device="cpu")
+    profile = table_profile(plain_ms=10, tree_ms=15)
+    gate.tokens, gate.rows = [1.0], [1.0]  # a token per row: closed
+
+    def plain_steps_to_a_probe() -> int:
+        steps = 0
+        while not gate.allows(profile, 1, 4):
+            gate.note_plain()
+            steps += 1
+        gate.note_tree(4, by_tokens(0, 1))  # the probe: a token again
+        return steps
+
+    first, longest = tree_gate.PROBE_EVERY, tree_gate.MAX_PROBE_EVERY
+    waits = [plain_steps_to_a_probe() for _ in range(6)]
+    assert waits[:2] == [first, 2 * first] and waits[-2:] == [longest, longest]
+    gate.note_tree(4, by_tokens(0, 1))  # trees back to back: the gate was open
+    assert plain_steps_to_a_probe() == first
+    plain_steps_to_a_probe()
+    gate.heads_updated()  # a slow-path update: look again soon
+    assert plain_steps_to_a_probe() == first
+
+
 def test_capacity_of_a_tree_step_profile_is_measured_from_its_smallest_tree():
     # Batch 1: plain 10 ms, trees 30 ms up to 8 nodes, 40 at 16; batch 4: 35 ms up to 4 nodes.
     prof = HardwareProfile("m", "cpu", "float32", 256, [1, 4], [1, 2, 4, 8, 16],

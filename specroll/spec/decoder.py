@@ -198,11 +198,14 @@ class SpecDecoder:
     def set_heads(self, heads: HorizonHeads) -> None:
         """Use `heads` from the next step on (call between generate calls). A later version of the
         heads drafting now (a slow-path update) keeps the running estimates of how well they
-        draft, which a small update barely moves; other heads start them afresh."""
+        draft, which a small update barely moves, and probes a closed tree gate at its first
+        interval again; other heads start them afresh."""
         updated = self.heads is not None and heads.num_heads == self.heads.num_heads and heads.version > self.heads.version
         self.heads = heads.eval().use_prepacked_linears()
         if not updated:
             self.start_running_estimates()
+        elif self.gate is not None:
+            self.gate.heads_updated()
 
     def start_running_estimates(self) -> None:
         """The heads' calibration, the cost model's and the lookup's estimates at their priors."""

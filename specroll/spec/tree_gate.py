@@ -8,7 +8,9 @@ A hardware profile timed through whole tree steps (`HardwareProfile.tree_steps`)
 costs; what each node bucket's trees emit per live row is counted on the device as they run
 and read on the host every READ_EVERY tree steps (the only reads sync-free trees then make).
 While a bucket's trees lose, the budget runs a smaller bucket's that pay, or plain steps, with
-a tree every PROBE_EVERY plain steps (read at once) so the estimate can recover.
+a tree after PROBE_EVERY plain steps (read at once) so the estimate can recover; each probe that
+leaves the gate closed doubles the wait, up to MAX_PROBE_EVERY, so heads that never pay cost
+ever less.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from .profile import HardwareProfile
 
 READ_EVERY = 16  # tree steps between two host reads of the counts (a read waits for the GPU)
 PROBE_EVERY = 64  # plain steps before a tree step measures a closed bucket again
+MAX_PROBE_EVERY = 1024  # the longest wait, after probes in a row that left the gate closed
 DECAY = 0.5  # weight of the rows counted before a read: the estimate follows what trees emit now
 
 
@@ -45,6 +48,17 @@ class TreeGate:
         self.tokens = [0.0] * len(self.buckets)  # decayed sums of tokens emitted and of live row-steps
         self.rows = [0.0] * len(self.buckets)
         self.plain_steps_since_tree = 0
+        self.heads_updated()
+
+    def heads_updated(self) -> None:
+        """The next probe after PROBE_EVERY plain steps again (the heads drafting may have improved)."""
+        self.closed_probes = 0  # probes in a row that left the gate closed
+        self.probing = False  # the last tree step was a probe
+
+    def probe_interval(self) -> int:
+        """Plain steps before the next probe: PROBE_EVERY, doubled for each probe in a row
+        that left the gate closed, up to MAX_PROBE_EVERY."""
+        return min(PROBE_EVERY << self.closed_probes, MAX_PROBE_EVERY)
 
     def tokens_per_row(self, bucket: int) -> float | None:
         """What a live row emits per tree step of `bucket`; None before one is read."""
@@ -53,9 +67,9 @@ class TreeGate:
 
     def allows(self, profile: HardwareProfile, batch: int, bucket: int) -> bool:
         """Whether `batch` rows should run trees of `bucket` nodes: yes until the bucket has been
-        measured, then where its trees pay by the profile, and as a probe every PROBE_EVERY plain steps."""
+        measured, then where its trees pay by the profile, and as a probe (see `probe_interval`)."""
         estimate = self.tokens_per_row(bucket)
-        if estimate is None or self.plain_steps_since_tree >= PROBE_EVERY:
+        if estimate is None or self.plain_steps_since_tree >= self.probe_interval():
             return True
         return trees_pay(estimate, profile.latency(batch, 1), profile.latency(batch, bucket), self.min_gain)
 
@@ -70,12 +84,18 @@ class TreeGate:
         tokens (a device tensor: added without a host read, read every READ_EVERY steps)."""
         self.unread[self.buckets.index(bucket)] += by_tokens
         after_plain = self.plain_steps_since_tree > 0  # a probe, mostly: read it, the next is far off
+        if not after_plain:
+            self.closed_probes = 0  # trees back to back: the gate is open
+        self.probing = after_plain
         self.plain_steps_since_tree = 0
         self.unread_steps += 1
         if after_plain or self.unread_steps >= READ_EVERY:
             self.read()
 
     def note_plain(self) -> None:
+        if self.probing:  # the probe left the gate closed: wait longer for the next
+            self.closed_probes += 1
+            self.probing = False
         self.plain_steps_since_tree += 1
 
     def read(self) -> None:
