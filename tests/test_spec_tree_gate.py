@@ -75,7 +75,7 @@ def test_a_closed_gate_probes_and_reads_the_probe_at_once():
     assert gate.tokens_per_row(4) == pytest.approx((2 * d + 4) / (2 * d + 1))
     assert gate.allows(profile, 1, 4)  # 2.5 tokens for 1.5x: open again
     gate.reset()
-    assert gate.tokens_per_row(4) is None and gate.plain_steps_since_tree == 0
+    assert gate.tokens_per_row(4) is None and gate.steps_without == [0]
 
 
 def test_probes_that_leave_the_gate_closed_come_ever_less_often():
@@ -99,6 +99,31 @@ def test_probes_that_leave_the_gate_closed_come_ever_less_often():
     plain_steps_to_a_probe()
     gate.heads_updated()  # a slow-path update: look again soon
     assert plain_steps_to_a_probe() == first
+
+
+def test_a_closed_bucket_is_probed_while_a_smaller_ones_trees_run():
+    gate = TreeGate([4, 8], max_tokens=5, min_gain=0.05, device="cpu")
+    profile = HardwareProfile("m", "cpu", "float32", 256, [1, 4096], [1, 4, 8],
+                              [[0.010, 0.015, 0.030]] * 2, tree_form="trees")
+    gate.tokens, gate.rows = [2.0, 2.0], [1.0, 1.0]  # 2 tokens per row: pays for 4 nodes, not for 8
+    runs = []
+    for _ in range(4 * tree_gate.PROBE_EVERY):
+        bucket = gate.largest_allowed(profile, 1, 8)
+        runs.append(bucket)
+        gate.note_tree(bucket, by_tokens(0, 0, 1))  # two tokens a row, whichever bucket
+    probes = [step for step, bucket in enumerate(runs) if bucket == 8]
+    first = tree_gate.PROBE_EVERY
+    assert probes == [first, first + 1 + 2 * first]  # after 64 steps without its trees, then 128
+    assert set(runs) == {4, 8}
+    # Both closed: one probe an interval, of the larger bucket, not one of each.
+    gate.reset()
+    gate.tokens, gate.rows = [1.0, 1.0], [1.0, 1.0]
+    runs = []
+    for _ in range(4 * first):
+        bucket = gate.largest_allowed(profile, 1, 8)
+        runs.append(bucket)
+        gate.note_plain() if bucket is None else gate.note_tree(bucket, by_tokens(0, 1))
+    assert [(step, bucket) for step, bucket in enumerate(runs) if bucket] == [(first, 8), (first + 1 + 2 * first, 8)]
 
 
 def test_capacity_of_a_tree_step_profile_is_measured_from_its_smallest_tree():

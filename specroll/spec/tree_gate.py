@@ -7,10 +7,10 @@ draft poorly for this policy), a tree step emits fewer tokens per second than a 
 A hardware profile timed through whole tree steps (`HardwareProfile.tree_steps`) gives both
 costs; what each node bucket's trees emit per live row is counted on the device as they run
 and read on the host every READ_EVERY tree steps (the only reads sync-free trees then make).
-While a bucket's trees lose, the budget runs a smaller bucket's that pay, or plain steps, with
-a tree after PROBE_EVERY plain steps (read at once) so the estimate can recover; each probe that
-leaves the gate closed doubles the wait, up to MAX_PROBE_EVERY, so heads that never pay cost
-ever less.
+While a bucket's trees lose, the budget runs a smaller bucket's that pay, or plain steps, and
+the bucket gets a probe tree (read at once) once PROBE_EVERY steps have passed without trees of
+its size or larger, so its estimate can recover; each probe that leaves it closed doubles its wait, up to
+MAX_PROBE_EVERY, so heads that never pay cost ever less.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import torch
 from .profile import HardwareProfile
 
 READ_EVERY = 16  # tree steps between two host reads of the counts (a read waits for the GPU)
-PROBE_EVERY = 64  # plain steps before a tree step measures a closed bucket again
-MAX_PROBE_EVERY = 1024  # the longest wait, after probes in a row that left the gate closed
+PROBE_EVERY = 64  # steps without a closed bucket's trees before a probe measures it again
+MAX_PROBE_EVERY = 1024  # the longest wait, after probes in a row that left the bucket closed
 DECAY = 0.5  # weight of the rows counted before a read: the estimate follows what trees emit now
 
 
@@ -47,18 +47,17 @@ class TreeGate:
         self.unread_steps = 0
         self.tokens = [0.0] * len(self.buckets)  # decayed sums of tokens emitted and of live row-steps
         self.rows = [0.0] * len(self.buckets)
-        self.plain_steps_since_tree = 0
+        self.steps_without = [0] * len(self.buckets)  # steps since a tree of each bucket or a larger one
         self.heads_updated()
 
     def heads_updated(self) -> None:
-        """The next probe after PROBE_EVERY plain steps again (the heads drafting may have improved)."""
-        self.closed_probes = 0  # probes in a row that left the gate closed
-        self.probing = False  # the last tree step was a probe
+        """Probe closed buckets after PROBE_EVERY steps again (the heads may draft better now)."""
+        self.closed_probes = [0] * len(self.buckets)  # per bucket, probes in a row that left it closed
 
-    def probe_interval(self) -> int:
-        """Plain steps before the next probe: PROBE_EVERY, doubled for each probe in a row
-        that left the gate closed, up to MAX_PROBE_EVERY."""
-        return min(PROBE_EVERY << self.closed_probes, MAX_PROBE_EVERY)
+    def probe_interval(self, bucket: int) -> int:
+        """Steps without trees of `bucket` or larger before its next probe: PROBE_EVERY, doubled for each
+        probe in a row that left it closed, up to MAX_PROBE_EVERY."""
+        return min(PROBE_EVERY << self.closed_probes[self.buckets.index(bucket)], MAX_PROBE_EVERY)
 
     def tokens_per_row(self, bucket: int) -> float | None:
         """What a live row emits per tree step of `bucket`; None before one is read."""
@@ -69,7 +68,7 @@ class TreeGate:
         """Whether `batch` rows should run trees of `bucket` nodes: yes until the bucket has been
         measured, then where its trees pay by the profile, and as a probe (see `probe_interval`)."""
         estimate = self.tokens_per_row(bucket)
-        if estimate is None or self.plain_steps_since_tree >= self.probe_interval():
+        if estimate is None or self.steps_without[self.buckets.index(bucket)] >= self.probe_interval(bucket):
             return True
         return trees_pay(estimate, profile.latency(batch, 1), profile.latency(batch, bucket), self.min_gain)
 
@@ -82,21 +81,26 @@ class TreeGate:
     def note_tree(self, bucket: int, by_tokens: torch.Tensor) -> None:
         """A tree step ran in `bucket`; `by_tokens` [max_tokens + 1]: its live rows that emitted k
         tokens (a device tensor: added without a host read, read every READ_EVERY steps)."""
-        self.unread[self.buckets.index(bucket)] += by_tokens
-        after_plain = self.plain_steps_since_tree > 0  # a probe, mostly: read it, the next is far off
-        if not after_plain:
-            self.closed_probes = 0  # trees back to back: the gate is open
-        self.probing = after_plain
-        self.plain_steps_since_tree = 0
+        i = self.buckets.index(bucket)
+        self.unread[i] += by_tokens
+        # After steps without trees this large it is a probe, mostly: read it, the next is far off,
+        # and count it (for the smaller buckets too) as one that left them closed unless trees of
+        # this size run again next step.
+        probe = self.steps_without[i] > 0
+        self.closed_probes = [(n + 1 if probe else 0) if b <= bucket else n for b, n in zip(self.buckets, self.closed_probes)]
+        self.note_step(bucket)
         self.unread_steps += 1
-        if after_plain or self.unread_steps >= READ_EVERY:
+        if probe or self.unread_steps >= READ_EVERY:
             self.read()
 
     def note_plain(self) -> None:
-        if self.probing:  # the probe left the gate closed: wait longer for the next
-            self.closed_probes += 1
-            self.probing = False
-        self.plain_steps_since_tree += 1
+        self.note_step(None)
+
+    def note_step(self, bucket: int | None) -> None:
+        """A step ran `bucket`'s trees (None: a plain step). A larger tree counts for the smaller
+        buckets too, so where all are closed one probe, of the largest, serves them all."""
+        ran = 0 if bucket is None else bucket
+        self.steps_without = [0 if b <= ran else n + 1 for b, n in zip(self.buckets, self.steps_without)]
 
     def read(self) -> None:
         """Fold the counts since the last read into each bucket's sums (one host read)."""
