@@ -41,7 +41,8 @@ class PackedWeight:
         fresh = len(self.sources) == len(sources) and all(
             ref() is t and version == t._version for (ref, version), t in zip(self.sources, sources))
         if not fresh:
-            sources_now = tuple((weakref.ref(t), t._version) for t in sources)  # before packing: an update during it repacks
+            # Versions read before packing: an update made meanwhile repacks at the next call.
+            sources_now = tuple((weakref.ref(t), t._version) for t in sources)
             self.packed = pack(make_weight())
             self.sources = sources_now
         return self.packed

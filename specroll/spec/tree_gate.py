@@ -9,8 +9,8 @@ costs; what each node bucket's trees emit per live row is counted on the device 
 and read on the host every READ_EVERY tree steps (the only reads sync-free trees then make).
 While a bucket's trees lose, the budget runs a smaller bucket's that pay, or plain steps, and
 the bucket gets a probe tree (read at once) once PROBE_EVERY steps have passed without trees of
-its size or larger, so its estimate can recover; each probe that leaves it closed doubles its wait, up to
-MAX_PROBE_EVERY, so heads that never pay cost ever less.
+its size or larger, so its estimate can recover; each probe that leaves it closed doubles its
+wait, up to MAX_PROBE_EVERY, so heads that never pay cost ever less.
 """
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ class TreeGate:
         self.closed_probes = [0] * len(self.buckets)  # per bucket, probes in a row that left it closed
 
     def probe_interval(self, bucket: int) -> int:
-        """Steps without trees of `bucket` or larger before its next probe: PROBE_EVERY, doubled for each
-        probe in a row that left it closed, up to MAX_PROBE_EVERY."""
+        """Steps without trees of `bucket` or larger before its next probe: PROBE_EVERY,
+        doubled for each probe in a row that left it closed, up to MAX_PROBE_EVERY."""
         return min(PROBE_EVERY << self.closed_probes[self.buckets.index(bucket)], MAX_PROBE_EVERY)
 
     def tokens_per_row(self, bucket: int) -> float | None:
@@ -87,7 +87,8 @@ class TreeGate:
         # and count it (for the smaller buckets too) as one that left them closed unless trees of
         # this size run again next step.
         probe = self.steps_without[i] > 0
-        self.closed_probes = [(n + 1 if probe else 0) if b <= bucket else n for b, n in zip(self.buckets, self.closed_probes)]
+        self.closed_probes = [(n + 1 if probe else 0) if b <= bucket else n
+                              for b, n in zip(self.buckets, self.closed_probes)]
         self.note_step(bucket)
         self.unread_steps += 1
         if probe or self.unread_steps >= READ_EVERY:
