@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from specroll.grpo import policy_loss, valid_token_mask
 from specroll.models import CausalLM, resolve_device
+from specroll.telemetry import metric_names as m
 
 from .batching import GRPOSamples, MicroBatch, loss_normalizer, micro_batch_indices, mini_batch_indices, pad_samples
 from .config import LearnerConfig
@@ -142,7 +143,10 @@ def all_reduce(values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
 class MetricSums:
     """Sums behind the train/* metrics of one `update`, reduced over ranks at the end."""
 
-    PER_TOKEN = ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "approx_kl", "kl_ref", "entropy")
+    # Per-token means: the loss's key for each, and the metric it becomes.
+    PER_TOKEN = {"clip_frac_low": m.CLIP_FRAC_LOW, "clip_frac_high": m.CLIP_FRAC_HIGH,
+                 "dual_clip_frac": m.DUAL_CLIP_FRAC, "approx_kl": m.APPROX_KL, "kl_ref": m.KL_REF,
+                 "entropy": m.ENTROPY}
     # A fixed key list: every rank must all-reduce the same vector.
     KEYS = tuple(k for key in PER_TOKEN for k in (key, f"{key}/tokens")) + (
         "loss", "pg_loss", "lr", "grad_norm", "optimizer_steps", "skipped_steps", "real_tokens", "padded_tokens",
@@ -342,28 +346,28 @@ class GRPOLearner:
         world = world_size()
         steps = total["optimizer_steps"] / world
         metrics: dict[str, float] = {}
-        for key in MetricSums.PER_TOKEN:
+        for key, name in MetricSums.PER_TOKEN.items():
             if total[f"{key}/tokens"]:
-                metrics[f"train/{key}"] = total[key] / total[f"{key}/tokens"]
+                metrics[name] = total[key] / total[f"{key}/tokens"]
         if steps:
             # loss / pg_loss are each rank's share of its step's loss, so they sum over ranks.
-            metrics["train/loss"] = total["loss"] / steps
-            metrics["train/pg_loss"] = total["pg_loss"] / steps
-            metrics["train/grad_norm"] = total["grad_norm"] / (steps * world)
-            metrics["train/lr"] = total["lr"] / (steps * world)
+            metrics[m.LOSS] = total["loss"] / steps
+            metrics[m.PG_LOSS] = total["pg_loss"] / steps
+            metrics[m.GRAD_NORM] = total["grad_norm"] / (steps * world)
+            metrics[m.LR] = total["lr"] / (steps * world)
         metrics.update({
-            "train/optimizer_steps": steps,
-            "train/skipped_steps": total["skipped_steps"] / world,
-            "train/policy_version": float(self.version),
-            "train/num_sequences": num_seq,
-            "train/response_tokens": response_tokens,
-            "train/response_len_mean": response_tokens / num_seq,
-            "train/truncated_frac": num_truncated / num_seq,
-            "train/skipped_invalid_reward": num_skipped,
-            "train/padding_frac": 1.0 - total["real_tokens"] / total["padded_tokens"],
+            m.OPTIMIZER_STEPS: steps,
+            m.SKIPPED_STEPS: total["skipped_steps"] / world,
+            m.POLICY_VERSION: float(self.version),
+            m.NUM_SEQUENCES: num_seq,
+            m.RESPONSE_TOKENS: response_tokens,
+            m.RESPONSE_LEN_MEAN: response_tokens / num_seq,
+            m.TRUNCATED_FRAC: num_truncated / num_seq,
+            m.SKIPPED_INVALID_REWARD: num_skipped,
+            m.PADDING_FRAC: 1.0 - total["real_tokens"] / total["padded_tokens"],
         })
         if groups:
-            metrics["train/frac_zero_std_groups"] = zero_std_groups / groups
+            metrics[m.FRAC_ZERO_STD_GROUPS] = zero_std_groups / groups
         return metrics
 
     @contextlib.contextmanager
