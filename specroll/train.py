@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specroll.actors import ActorFailedError, Rollouts, RunActors
+from specroll.actors import ActorFailedError, LearnerUpdate, Rollouts, RunActors
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.data import PromptStream, load_problems
 from specroll.learner import latest_checkpoint, latest_intact_checkpoint, verify_checkpoint
@@ -74,13 +74,13 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
     try:
         actors = RunActors.start(cfg)
         resumed = actors.restore(str(resume_from)) if resume_from is not None else None
-        first_step = resumed["step"] if resumed else 0
+        first_step = resumed.step if resumed else 0
         stream = PromptStream(problems, cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
         if resumed:
-            stream.load_state_dict(resumed["data_position"])
+            stream.load_state_dict(resumed.data_position)
         logger = MetricsLogger(cfg.logger, run_dir, config=cfg.to_dict(),
-                               run_id=resumed["wandb_run_id"] if resumed else None, first_step=first_step)
-        last_checkpoint = resumed["path"] if resumed else None
+                               run_id=resumed.wandb_run_id if resumed else None, first_step=first_step)
+        last_checkpoint = str(resumed.path) if resumed else None
         metrics: dict = {}
         launched_rows: list[dict] = []  # this launch's steps, for the report when no metrics file is kept
 
@@ -233,23 +233,23 @@ def checkpoint_due(cfg: TrainConfig, step: int) -> bool:
     return cfg.checkpoint_every > 0 and (done % cfg.checkpoint_every == 0 or done == cfg.total_steps)
 
 
-def step_metrics(rollouts: Rollouts, trained: dict, heads: dict, weight_sync_s: float, checkpoint_s: float,
+def step_metrics(rollouts: Rollouts, trained: LearnerUpdate, heads: dict, weight_sync_s: float, checkpoint_s: float,
                  step_s: float) -> dict[str, float]:
     metrics = response_metrics([len(r) for r in rollouts.response_ids], rollouts.finish_reasons, rollouts.rewards,
                                rollouts.correct)
     metrics[m.ROLLOUT_POLICY_VERSION] = float(rollouts.policy_version)
     metrics.update(summarize_rollout_stats(rollouts.engine_stats, rollouts.head_version))
     metrics.update(drafter_update_metrics(rollouts.drafter_updates))
-    metrics.update(trained["metrics"])
+    metrics.update(trained.metrics)
     metrics.update(heads)
     metrics.update({
         m.TIME_GEN: rollouts.gen_s,
         m.TIME_REWARD: rollouts.reward_s,
-        m.TIME_OLD_LOGPROB: trained["old_logprob_s"],
-        m.TIME_UPDATE: trained["update_s"],
+        m.TIME_OLD_LOGPROB: trained.old_logprob_s,
+        m.TIME_UPDATE: trained.update_s,
         m.TIME_WEIGHT_SYNC: weight_sync_s,
         m.TIME_CHECKPOINT: checkpoint_s,
-        m.TRAIN_TOKENS_PER_S: trained["tokens"] / max(trained["update_s"], 1e-9),
+        m.TRAIN_TOKENS_PER_S: trained.tokens / max(trained.update_s, 1e-9),
         m.STEP_TIME_S: step_s,
     })
     return metrics

@@ -13,6 +13,7 @@ from specroll.actors import (
     ActorTimeoutError,
     DriftRecord,
     HeadConsolidationActor,
+    LearnerUpdate,
     RolloutActor,
     Rollouts,
     RunActors,
@@ -23,6 +24,7 @@ from specroll.actors import (
 from specroll.configs import load_train_config
 from specroll.data import load_problems
 from specroll.models.flat_weights import FlatWeights
+from specroll.telemetry import metric_names as m
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 PROMPTS, GROUP = 4, 2
@@ -115,8 +117,8 @@ def test_two_grpo_steps_increment_the_policy_version(two_steps):
     _, actors, _, steps = two_steps
     assert [s["synced"] for s in steps] == [0, 1]
     assert [s["rollouts"].policy_version for s in steps] == [0, 1]
-    assert [s["trained"]["metrics"]["train/policy_version"] for s in steps] == [1, 2]
-    assert all(s["trained"]["metrics"]["train/num_sequences"] == PROMPTS * GROUP for s in steps)
+    assert [s["trained"].metrics[m.POLICY_VERSION] for s in steps] == [1, 2]
+    assert all(s["trained"].metrics[m.NUM_SEQUENCES] == PROMPTS * GROUP for s in steps)
     assert steps[1]["rollouts"].prompt_indices == list(range(PROMPTS))
     assert len(steps[1]["rollouts"].engine_stats) == 2  # one per rollout actor
     assert actors.learner_version == 2
@@ -185,3 +187,9 @@ def test_slow_and_dead_actors_are_named(two_steps):
     ray.kill(doomed)
     with pytest.raises(ActorFailedError, match="head-consolidation actor died during drift_history"):
         gather([("head-consolidation actor", doomed.drift_history.remote())], "drift_history", timeout_s=60)
+
+
+def test_a_step_update_lasts_as_long_as_its_slowest_rank_and_counts_every_ranks_tokens():
+    metrics = {m.LOSS: 0.5, m.POLICY_VERSION: 3.0}  # reduced over ranks: the same on each
+    ranks = [LearnerUpdate(metrics, 1.0, 4.0, 100), LearnerUpdate(metrics, 2.0, 3.0, 60)]
+    assert LearnerUpdate.of_ranks(ranks) == LearnerUpdate(metrics, 2.0, 4.0, 160)

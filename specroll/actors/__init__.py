@@ -1,7 +1,7 @@
 """Ray actors of a training run (rollout, learner, head consolidation) and the driver's view of them."""
 from .batch import Rollouts, prompt_key, split_groups
 from .head_consolidation_actor import DriftRecord, HeadConsolidationActor
-from .learner_actor import LearnerActor
+from .learner_actor import LearnerActor, LearnerUpdate
 from .placement import actor_device, as_remote
 from .remote_calls import ActorFailedError, ActorTimeoutError, gather
 from .rollout_actor import RolloutActor
@@ -13,6 +13,7 @@ __all__ = [
     "DriftRecord",
     "HeadConsolidationActor",
     "LearnerActor",
+    "LearnerUpdate",
     "PendingRollouts",
     "RolloutActor",
     "Rollouts",

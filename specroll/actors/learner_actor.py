@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
@@ -16,6 +16,7 @@ import torch
 
 from specroll.configs import TrainConfig
 from specroll.learner import GRPOLearner, GRPOSamples, load_checkpoint, save_checkpoint
+from specroll.learner.checkpoint import ResumeState
 from specroll.learner.grpo_learner import free_port
 from specroll.models import resolve_dtype
 from specroll.models.flat_weights import FlatWeights
@@ -23,6 +24,22 @@ from specroll.models.flat_weights import FlatWeights
 from .batch import Rollouts
 from .placement import actor_device, use_cpus
 from .threads import node_cores, phase_threads, use_threads
+
+
+@dataclass(frozen=True)
+class LearnerUpdate:
+    """What one GRPO update hands the driver: a rank's, or all ranks' combined."""
+
+    metrics: dict[str, float]  # train/*, already reduced over ranks
+    old_logprob_s: float  # seconds scoring the responses under the current policy (0: taken from the update)
+    update_s: float  # seconds of the update itself
+    tokens: int  # prompt and response tokens trained on
+
+    @classmethod
+    def of_ranks(cls, ranks: list[LearnerUpdate]) -> LearnerUpdate:
+        """The step's update: ranks' metrics are equal; a phase lasts as long as its slowest rank."""
+        return cls(ranks[0].metrics, max(r.old_logprob_s for r in ranks), max(r.update_s for r in ranks),
+                   sum(r.tokens for r in ranks))
 
 
 class LearnerActor:
@@ -50,14 +67,13 @@ class LearnerActor:
         self.learner = GRPOLearner(model, replace(self.cfg.learner, device=device))
         return self.learner.version
 
-    def train(self, rollouts: Rollouts) -> dict:
+    def train(self, rollouts: Rollouts) -> LearnerUpdate:
         """GRPO on this rank's shard: log-probs under the current policy, then the update.
 
         The old log-probs are the learner's own, not the rollout engine's sampling log-probs
         (another replica and dtype, prepacked kernels): the ratio must compare like with like.
         With one epoch of one mini-batch the update takes them from its own forward, and the
-        separate pass (0 s) is skipped. Returns train/* metrics (reduced over ranks) and the
-        seconds of each phase.
+        separate pass (0 s) is skipped.
         """
         use_threads(self.threads)
         learner = self.learner
@@ -69,8 +85,7 @@ class LearnerActor:
         scored = time.perf_counter()
         metrics = learner.update(samples)
         done = time.perf_counter()
-        return {"metrics": metrics, "old_logprob_s": scored - started, "update_s": done - scored,
-                "tokens": sum(samples.sequence_lengths())}
+        return LearnerUpdate(metrics, scored - started, done - scored, sum(samples.sequence_lengths()))
 
     def policy_weights(self) -> tuple[int, FlatWeights | None]:
         """`(version, weights in the rollout replicas' dtype)` on rank 0, `(version, None)` on the
@@ -95,10 +110,7 @@ class LearnerActor:
                                wandb_run_id=wandb_run_id, run_config=run_config, keep_last=keep_last, drafter=drafter)
         return str(path)
 
-    def restore(self, path: str) -> dict:
-        """Load a checkpoint into this rank; returns what the driver resumes from (step, data
-        position, heads, FastGRPO drafters, W&B run id, policy version)."""
+    def restore(self, path: str) -> ResumeState:
+        """Load a checkpoint into this rank; returns what the driver resumes from."""
         # The driver verified the files against the marker before starting us: hashing is not repeated per rank.
-        state = load_checkpoint(self.learner, Path(path), verify=False)
-        return {"step": state.step, "data_position": state.data_position, "heads": state.heads,
-                "drafter": state.drafter, "wandb_run_id": state.wandb_run_id, "policy_version": state.policy_version, "path": str(state.path)}
+        return load_checkpoint(self.learner, Path(path), verify=False)

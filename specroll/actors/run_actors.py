@@ -13,10 +13,12 @@ import ray
 
 from specroll.configs import TrainConfig
 from specroll.data import Problem
+from specroll.learner.checkpoint import ResumeState
+from specroll.telemetry import metric_names as m
 
 from .batch import Rollouts, split_groups
 from .head_consolidation_actor import DriftRecord, HeadConsolidationActor
-from .learner_actor import LearnerActor
+from .learner_actor import LearnerActor, LearnerUpdate
 from .placement import as_remote
 from .remote_calls import gather
 from .rollout_actor import RolloutActor
@@ -137,22 +139,15 @@ class RunActors:
         gather([(CONSOLIDATION, call)], f"consolidate (step {step})", self.timeout_s)
         return time.perf_counter() - started
 
-    def train(self, rollouts: Rollouts) -> dict:
-        """One GRPO update on the rollouts, each rank on its share of whole groups.
-
-        Returns train/* metrics, the slowest rank's seconds per phase and the tokens trained on.
-        """
+    def train(self, rollouts: Rollouts) -> LearnerUpdate:
+        """One GRPO update on the rollouts, each rank on its share of whole groups."""
         shards = split_groups(len(rollouts), len(self.learners))
         calls = [(learner_name(r), learner.train.remote(rollouts.select(shard)))
                  for r, (learner, shard) in enumerate(zip(self.learners, shards))]
         results = gather(calls, f"train (step {rollouts.step})", self.timeout_s)
-        self.learner_version = int(results[0]["metrics"]["train/policy_version"])
-        return {
-            "metrics": results[0]["metrics"],
-            "old_logprob_s": max(r["old_logprob_s"] for r in results),
-            "update_s": max(r["update_s"] for r in results),
-            "tokens": sum(r["tokens"] for r in results),
-        }
+        update = LearnerUpdate.of_ranks(results)
+        self.learner_version = int(update.metrics[m.POLICY_VERSION])
+        return update
 
     def save(self, root: str, step: int, data_position: dict, wandb_run_id: str | None, run_config: dict,
              keep_last: int) -> str:
@@ -164,19 +159,17 @@ class RunActors:
                  for r, learner in enumerate(self.learners)]
         return gather(calls, f"save_checkpoint (step {step})", self.timeout_s)[0]
 
-    def restore(self, path: str) -> dict:
-        """Load checkpoint `path` into every learner rank and its heads into the consolidation actor.
-
-        Returns rank 0's record: step, data_position, heads, drafter, wandb_run_id, policy_version, path.
-        """
+    def restore(self, path: str) -> ResumeState:
+        """Load checkpoint `path` into every learner rank and its heads into the consolidation
+        actor; returns rank 0's record."""
         calls = [(learner_name(r), learner.restore.remote(path)) for r, learner in enumerate(self.learners)]
         resumed = gather(calls, f"load_checkpoint ({path})", self.timeout_s)[0]
-        self.learner_version = resumed["policy_version"]
-        if resumed["heads"] is not None and self.consolidation is not None:
-            gather([(CONSOLIDATION, self.consolidation.set_heads.remote(resumed["heads"]))],
+        self.learner_version = resumed.policy_version
+        if resumed.heads is not None and self.consolidation is not None:
+            gather([(CONSOLIDATION, self.consolidation.set_heads.remote(resumed.heads))],
                    "set_heads (checkpointed heads)", self.timeout_s)
-        if resumed["drafter"] is not None and self.learns_drafter:
-            states = resumed["drafter"]
+        if resumed.drafter is not None and self.learns_drafter:
+            states = resumed.drafter
             # Each actor resumes its own drafter; with another actor count, all take actor 0's.
             calls = [(rollout_name(i), actor.load_drafter_state.remote(states[i if len(states) == len(self.rollout) else 0]))
                      for i, actor in enumerate(self.rollout)]
