@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import warnings
 from functools import partial
+from typing import NamedTuple
 
 import torch
 
@@ -20,13 +21,13 @@ from .budget import concurrency_budget, cost_model_budget, resolve_budget, specu
 from .config import SpecConfig
 from .head_records import RecordCollector
 from .heads import HorizonHeads, shipped_heads
-from .lookup import LookupAcceptance, add_lookup_candidates, lookup_drafts
+from .lookup import LookupAcceptance, LookupDrafts, add_lookup_candidates, lookup_drafts
 from .maturation import matured_proposals
 from .pass_counts import PassCounts
 from .profile import get_profile
 from .reflex import FastState, SafetyGuard, matured_feedback, rms
 from .tree_gate import TreeGate
-from .tree import draft_candidates, select_tree
+from .tree import Candidates, DraftTree, draft_candidates, select_tree
 from .tree_step import TreeShape, calibrated, draft_tree_step, judge_tree_step, padded_tree_inputs
 from .verify import Verdict, verify_tree
 
@@ -71,6 +72,17 @@ DRAFT_PROBE_EVERY = 4
 RARE_PROBE_EVERY = 16
 TYPICAL_MOMENTUM = 0.98
 COST_MODEL_MOMENTUM = 0.8
+
+
+class DraftedTree(NamedTuple):
+    """What a step verifies: its node budget (1: a plain step), and the drafts and tree behind it."""
+
+    budget: int
+    candidates: Candidates | None  # the heads' and lookup's drafts; None in a plain step
+    lookup: LookupDrafts | None  # each row's context lookup chain; None when off or plain
+    tree: DraftTree | None  # the budget's best nodes of the candidates; None in a plain step
+    roots: torch.Tensor  # [B] each row's last token before the pass
+    hidden: torch.Tensor  # [B, H] the policy's hidden state at it, which the heads drafted from
 
 
 class SpecDecoder:
@@ -307,11 +319,32 @@ class SpecDecoder:
 
     @torch.inference_mode()
     def step(self, state: DecodeState) -> StepResult:
+        """One decode step of every row: draft a tree (or none), verify it in one pass (or take the
+        plain step), then learn from the verdict. Where trees run without host reads, one
+        fixed-shape tree step instead."""
         if self.sync_free_trees and (budget := self.node_budget(state.live_rows)) > 1:
             return self.tree_step_sized_on_host(state, budget)
         t0 = time.perf_counter()
         batch = state.last_tokens.shape[0]  # finished rows included before a sync-free step
-        roots, hidden = state.last_tokens, state.last_hidden
+        drafted = self.drafted_tree(state)
+        t1 = time.perf_counter()
+        if drafted.budget > 1:
+            verdict, logits, logprobs = self.verify_pass(state, drafted.tree, drafted.budget)
+        else:
+            verdict, logits, logprobs = self.plain_pass(state), None, None
+        t2 = time.perf_counter()
+        self.learn_from_pass(state, drafted, verdict, logits, logprobs)
+        ended = time.perf_counter()
+        self.stats["time_draft_s"] += t1 - t0
+        self.stats["time_verify_s"] += t2 - t1
+        self.stats["time_bookkeeping_s"] += ended - t2
+        if self.budget == "cost_model":
+            self.note_pass(batch, drafted.budget, ended - t1)
+        return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
+
+    def drafted_tree(self, state: DecodeState) -> DraftedTree:
+        """This step's drafts and the tree it verifies, sized by the node budget (1: a plain step)."""
+        started = time.perf_counter()
         drafts, cands, lookup = self.planned_step_drafts(state.live_rows), None, None
         budget = 1 if drafts == 0 else drafts + 1
         if drafts > 0:
@@ -320,9 +353,9 @@ class SpecDecoder:
             # The running estimates said how many nodes to draft (none where drafting would not
             # pay); this step's drafts then pick N_t, never above what was drafted.
             if drafts > 0:
-                self.note_drafted(cands, drafts, time.perf_counter() - t0)
-                budget = cost_model_budget(cands.expected_tokens(drafts + 1), self.profile, batch, self.cfg.min_nodes,
-                                           drafts + 1, self.drafting_s(), min_gain=self.cfg.min_gain)
+                self.note_drafted(cands, drafts, time.perf_counter() - started)
+                budget = cost_model_budget(cands.expected_tokens(drafts + 1), self.profile, state.last_tokens.shape[0],
+                                           self.cfg.min_nodes, drafts + 1, self.drafting_s(), min_gain=self.cfg.min_gain)
             else:
                 self.steps_since_full_draft += 1
         if budget == 1:
@@ -330,16 +363,17 @@ class SpecDecoder:
             if self.gate is not None:
                 self.gate.note_plain()
         tree = select_tree(cands, budget - 1) if budget > 1 else None
-        t1 = time.perf_counter()
-        if budget > 1:
-            verdict, logits, logprobs = self.verify_pass(state, tree, budget)
-        else:
-            verdict, logits, logprobs = self.plain_pass(state), None, None
-        t2 = time.perf_counter()
+        return DraftedTree(budget, cands, lookup, tree, state.last_tokens, state.last_hidden)
 
+    def learn_from_pass(self, state: DecodeState, drafted: DraftedTree, verdict: Verdict, logits, logprobs) -> None:
+        """What a pass teaches (`logits`, `logprobs`: the verify forward's, None after a plain step):
+        the heads' calibration, the lookup chain's acceptance, the pass counts, Reflex's fast state
+        and the slow path's head records."""
+        budget, cands, tree = drafted.budget, drafted.candidates, drafted.tree
         if budget > 1:
             self.update_calibration(verdict, state.live)
         emitted = verdict.counts * state.live  # finished rows waiting in the batch emit nothing
+        lookup = drafted.lookup
         on_chain = None if lookup is None else self.lookup_acceptance.update(lookup, verdict.tokens, emitted)
         self.record(verdict, budget, state.live, on_chain)
         matured = matured_proposals(cands.proposals, tree, verdict) if budget > 1 and cands.proposals else None
@@ -347,17 +381,10 @@ class SpecDecoder:
             self.learn_reflex(state, matured, verdict, logprobs)
         if self.records is not None and matured is not None:
             started = time.perf_counter()
-            self.records.add_pass(matured, logits, verdict, tree, hidden, roots,
+            self.records.add_pass(matured, logits, verdict, tree, drafted.hidden, drafted.roots,
                                   state.history.lengths - state.prompt_lengths, state.row_ids, self.heads.version,
                                   proposals=cands.proposals, draft_vocab=self.heads.draft_vocab)
             self.stats["time_records_s"] += time.perf_counter() - started
-        self.stats["time_draft_s"] += t1 - t0
-        self.stats["time_verify_s"] += t2 - t1
-        ended = time.perf_counter()
-        self.stats["time_bookkeeping_s"] += ended - t2
-        if self.budget == "cost_model":
-            self.note_pass(batch, budget, ended - t1)
-        return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
 
     def tree_step_sized_on_host(self, state: DecodeState, budget: int) -> StepResult:
         """A tree step of `budget` nodes that reads nothing on the host (see `spec.tree_step`; the
