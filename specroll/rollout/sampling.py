@@ -181,12 +181,10 @@ def sample_tokens(logprobs: torch.Tensor, uniforms: torch.Tensor | None, greedy:
     return tokens, torch.gather(logprobs, -1, tokens[..., None]).squeeze(-1)
 
 
-# Inverse-CDF sampling scans the vocabulary in blocks: block masses (float32 sums of 256
-# tokens, accurate to ~1e-7 like the float32 probabilities themselves) accumulated in float64
-# locate the block holding the target mass, then only that block is scanned token by token
-# in float64. A float64 cumulative sum over the whole vocabulary cost ~0.5 ms per
-# distribution on a CPU, and verification samples at every tree node (128 of them for
-# 16-node trees at batch 8); a float32 one could drift by ~1e-3 over 49k tokens.
+# Inverse-CDF sampling scans the vocabulary in blocks: float32 block masses of 256 tokens (as
+# accurate as the float32 probabilities) accumulated in float64 find the block holding the target
+# mass, and only that block is scanned token by token in float64. Verification samples at every
+# tree node, where a float64 cumulative sum over the vocabulary is slow and a float32 one drifts.
 CDF_BLOCK = 256
 
 

@@ -52,21 +52,13 @@ def initial_heads(model, cfg: SpecConfig) -> HorizonHeads:
     return HorizonHeads.for_model(model, cfg.head_type, cfg.num_heads)
 
 
-# With the cost model, the running estimates plan each step's budget before it drafts, so
-# a step drafts only what that tree can use (at 32 rows on a CPU a 2-node tree drafts in
-# 4 ms, the full tree in ~30 ms with 3-layer heads and a 1024-token draft vocabulary). The
-# estimates for larger trees (or for any tree, where none pays) are refreshed by probes that
-# draft the full tree now and then. Where no tree
-# is planned but the heads' typical acceptance (a slow average) would pay at this batch
-# size, a dip is likely passing: probe every DRAFT_PROBE_EVERY steps (rarer probes kept a
-# batch-1 run from speculating for much of its length). Elsewhere probe every
-# RARE_PROBE_EVERY: at 64 rows on a CPU a probe costs ~15% of a step, and probing every 4
-# steps cost 3.5% of a run that never speculated; at 8 rows, full probes every 4 steps
-# doubled the drafting time of runs that planned 2-node trees.
-# Where a tree pays, the plan is the largest one whose estimated rate is within PLAN_SLACK of the best:
-# each step's own drafts then pick a smaller tree, or a larger one where they are confident
-# (at batch 1 on a CPU trees of 2 to 16 nodes estimate within a few % of each other, and
-# planning the best one, often 2 nodes, fell from 1.9 to 1.4 tokens per verify step).
+# With the cost model the running estimates plan each step's budget before it drafts, so a step
+# drafts only the tree it can use. Probes that draft the full tree refresh the estimates of larger
+# trees (of every tree, where none pays): every DRAFT_PROBE_EVERY steps where the heads' typical
+# acceptance (a slow average) would pay at this batch size, so a passing dip stops speculation only
+# briefly; elsewhere every RARE_PROBE_EVERY, since a full draft costs a good share of a large batch's
+# step. The plan is the largest tree whose estimated rate is within PLAN_SLACK of the best: nearby
+# sizes estimate close to each other, and planning the best one picked small trees that emitted less.
 PLAN_SLACK = 0.9
 DRAFT_PROBE_EVERY = 4
 RARE_PROBE_EVERY = 16
@@ -500,9 +492,8 @@ class SpecDecoder:
         cfg, full = self.cfg, self.cfg.max_nodes - 1
         least = cfg.min_nodes - 1
         if not speculation_may_pay(self.profile, batch, cfg.max_nodes, self.heads.num_heads, self.drafting_s()):
-            # Where only the measured drafting time rules speculation out, still probe rarely:
-            # that time can fall (a first draft on a GPU loads kernels; on an H200, an estimate
-            # seeded by the warm-up's draft kept a whole benchmark from ever drafting again).
+            # Where only the measured drafting time rules speculation out, still probe rarely: that
+            # time can fall (a first draft on a GPU loads kernels), and one slow draft must not end drafting.
             probe = (max(self.draft_s) > 0 and self.steps_since_full_draft >= RARE_PROBE_EVERY
                      and speculation_may_pay(self.profile, batch, cfg.max_nodes, self.heads.num_heads))
             return full if probe else least

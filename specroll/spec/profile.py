@@ -58,7 +58,7 @@ class HardwareProfile:
         super().__setattr__(name, value)
         if name in ("batch_sizes", "nodes", "latency_s"):
             # Memo of `latency`: the cost model asks for every tree size at every step, and
-            # interpolating each time cost ~1.5% of a batch-1 step on a CPU. Replacing a table
+            # interpolating each time shows in a batch-1 step on a CPU. Replacing a table
             # clears it (tables are replaced, never edited in place); not a field, never saved.
             super().__setattr__("_latency_memo", {})
 
