@@ -21,8 +21,7 @@ Precision. "bf16-autocast": float32 weights and AdamW, matmuls under `torch.auto
 bf16. "bfloat16": DeepSpeed's bf16 mode, bf16 weights with float32 master weights in the
 optimizer. "float32": no bf16 at all. "auto" picks bf16-autocast where bf16 matmuls are
 supported (CUDA with bf16; CPUs where oneDNN reports bf16, i.e. with AVX-512) and float32
-elsewhere: on an AVX2-only CPU (AMD Zen 3) a SmolLM2-135M forward+backward of 256 tokens
-took 10 s in float32 but ~200 s under bf16 autocast and ~190-280 s with bf16 weights.
+elsewhere, where bf16 is emulated at many times float32's cost.
 
 Evaluation. Before and after training, on held-out reference solutions (teacher forcing,
 not the policy's own samples), over their response positions: mean NLL per token, mean
