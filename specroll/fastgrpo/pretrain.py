@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..configs.cli import add_config_arguments, config_from_args
 from ..rollout import RolloutEngine, SamplingParams
 from ..spec.head_samples import SampleConfig, SampledSequence, heldout_prompts, split_heldout
 from .config import FastGRPOConfig, OnlineConfig
@@ -71,7 +72,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m-instruct", help="alias, .gguf file or model directory")
     p.add_argument("--dataset", default="synthetic", help="problem set(s) to prompt with, comma-separated: synthetic, gsm8k")
     p.add_argument("--data-path", default=None, help="gsm8k jsonl file or folder")
-    p.add_argument("--positions", type=int, default=20_000, help="minimum number of sampled response positions")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (online learning uses 1e-4)")
     p.add_argument("--batch-tokens", type=int, default=1024, help="training entries per optimiser step")
@@ -80,18 +80,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-n", type=int, default=2, help="responses per held-out prompt in that check")
     p.add_argument("--eval-nodes", type=int, default=8, help="tree nodes per response (root included) in that check")
     p.add_argument("--eval-max-new-tokens", type=int, default=128)
-    # The heads' sampling settings by default, so both read the same samples cache.
-    p.add_argument("--max-new-tokens", type=int, default=SampleConfig.max_new_tokens)
-    p.add_argument("--prompts-per-batch", type=int, default=SampleConfig.prompts_per_batch)
-    p.add_argument("--samples-per-prompt", type=int, default=SampleConfig.samples_per_prompt)
     p.add_argument("--samples-cache", default=None, help="folder of sample caches (default ~/.cache/specroll/head_samples)")
     p.add_argument("--init-drafter", default=None, help="start from this drafter file instead of a fresh one")
     p.add_argument("--out", required=True, help="drafter file (.safetensors); the summary goes beside it (.json)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="policy dtype")
     p.add_argument("--save-dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16")
     p.add_argument("--device", default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    p.add_argument("--seed", type=int, default=0, help="the samples' and the training's seed")
+    # The heads' sampling settings but for fewer positions, so both read the same samples cache.
+    add_config_arguments(p, SampleConfig, exclude=("temperature", "seed"), defaults={"positions": 20_000})
+    args = p.parse_args(argv)
+    args.sample_config = config_from_args(SampleConfig, args, p)
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:

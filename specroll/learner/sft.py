@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from specroll.configs.cli import add_config_arguments, config_from_args
 from specroll.data import Problem, format_prompt, load_problems
 from specroll.grpo import entropy_from_logits
 from specroll.models import CausalLM, resolve_device
@@ -467,52 +468,25 @@ def save_result(module: CausalLM, tokenizer, summary: dict[str, Any], out: Path)
     return out
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    defaults = SFTConfig()
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, SFTConfig]:
     p = argparse.ArgumentParser(prog="python -m specroll.learner.sft", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="alias, .gguf file or model directory")
     p.add_argument("--dataset", default="synthetic", choices=("synthetic", "gsm8k"))
     p.add_argument("--data-path", default=None, help="gsm8k jsonl file or folder (required for gsm8k)")
     p.add_argument("--limit", type=int, default=None, help="train on the first N problems (after holding out)")
-    p.add_argument("--epochs", type=int, default=defaults.epochs)
-    p.add_argument("--lr", type=float, default=defaults.lr)
-    p.add_argument("--warmup-ratio", type=float, default=defaults.warmup_ratio)
-    p.add_argument("--min-lr-ratio", type=float, default=defaults.min_lr_ratio)
-    p.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
-    p.add_argument("--grad-clip", type=float, default=defaults.grad_clip)
-    p.add_argument("--row-tokens", type=int, default=defaults.row_tokens)
-    p.add_argument("--batch-tokens", type=int, default=defaults.batch_tokens)
-    p.add_argument("--eval-examples", type=int, default=defaults.eval_examples)
-    p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (smoke runs)")
-    p.add_argument("--precision", choices=PRECISIONS, default=defaults.precision)
-    p.add_argument("--device", default=defaults.device)
-    p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--out", default=None, help="output HF directory (default ~/.cache/specroll/sft/<model>-<dataset><limit>-e<epochs>)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's choice; 1 is fastest on an oversubscribed CPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    add_config_arguments(p, SFTConfig)
+    args = p.parse_args(argv)
+    return args, config_from_args(SFTConfig, args, p)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     from specroll.models import load_causal_lm
 
-    args = parse_args(argv)
-    cfg = SFTConfig(
-        lr=args.lr,
-        warmup_ratio=args.warmup_ratio,
-        min_lr_ratio=args.min_lr_ratio,
-        weight_decay=args.weight_decay,
-        grad_clip=args.grad_clip,
-        epochs=args.epochs,
-        row_tokens=args.row_tokens,
-        batch_tokens=args.batch_tokens,
-        eval_examples=args.eval_examples,
-        max_steps=args.max_steps,
-        precision=args.precision,
-        device=args.device,
-        seed=args.seed,
-    )
+    args, cfg = parse_args(argv)
     if args.dataset == "gsm8k" and args.data_path is None:
         raise ValueError("--data-path is required for gsm8k (runs download nothing)")
     problems = load_problems(args.dataset, path=args.data_path)

@@ -34,6 +34,8 @@ class SampledSequence:
 
 @dataclass
 class SampleConfig:
+    """How the policy's own samples are drawn for training heads and drafters."""
+
     positions: int = 200_000  # minimum number of response tokens to collect
     prompts_per_batch: int = 16  # prompts per generate call
     samples_per_prompt: int = 4  # responses per prompt (n)

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 from tqdm.auto import tqdm
 
+from ..configs.cli import add_config_arguments, config_from_args
 from .distill_targets import compute_targets
 from .head_eval import evaluate, format_eval
 from .head_loss import HeadBatch, HeadLossConfig, train_step
@@ -197,8 +198,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # A confident draft is a frequent token: a small draft vocabulary drafts as well, for less drafting time.
     p.add_argument("--draft-vocab", type=int, default=1024,
                    help="heads draft among this many of the samples' most frequent tokens; 0 = the whole vocabulary")
-    p.add_argument("--positions", type=int, default=SampleConfig.positions,
-                   help="minimum number of sampled response positions")
     p.add_argument("--epochs", type=int, default=HeadTrainConfig.epochs,
                    help="0: no training, only the held-out evaluation of the given heads (see --init-heads)")
     p.add_argument("--lr", type=float, default=HeadTrainConfig.lr)
@@ -206,9 +205,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=HeadTrainConfig.eval_every)
     p.add_argument("--eval-positions", type=int, default=HeadTrainConfig.eval_positions)
     p.add_argument("--heldout-every", type=int, default=20, help="every n-th prompt is held out for evaluation")
-    p.add_argument("--max-new-tokens", type=int, default=SampleConfig.max_new_tokens)
-    p.add_argument("--prompts-per-batch", type=int, default=SampleConfig.prompts_per_batch)
-    p.add_argument("--samples-per-prompt", type=int, default=SampleConfig.samples_per_prompt)
     p.add_argument("--out", default=None,
                    help="heads file (.safetensors); the summary goes beside it (.json); not needed with --collect-only")
     p.add_argument("--samples-cache", default=None,
@@ -217,8 +213,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save-dtype", choices=("float32", "bfloat16"), default="float32", help="dtype of the saved heads")
     p.add_argument("--device", default="auto")
     p.add_argument("--collect-only", action="store_true", help="only fill the samples cache, train nothing")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the samples' and the training's seed")
+    # At the policy's own temperature: the heads learn what it samples.
+    add_config_arguments(p, SampleConfig, exclude=("temperature", "seed"))
     args = p.parse_args(argv)
+    args.sample_config = config_from_args(SampleConfig, args, p)
     if args.out is None and not args.collect_only:
         p.error("--out is required (where to save the heads) unless --collect-only")
     return args
@@ -259,12 +258,10 @@ class ArgSamples(NamedTuple):
 
 def samples_from_args(model, tokenizer, args) -> ArgSamples:
     """The prompts and the policy's samples (cached) that a pretraining command's arguments name:
-    --dataset, --data-path, --positions, --prompts-per-batch, --samples-per-prompt, --max-new-tokens,
-    --seed, --samples-cache. The heads and the FastGRPO-style drafter read the same samples."""
+    --dataset, --data-path, --samples-cache and the SampleConfig parsed from its flags. The heads
+    and the FastGRPO-style drafter read the same samples."""
     prompts = dataset_prompts(tokenizer, dataset_names(args.dataset), args.data_path)
-    sample_cfg = SampleConfig(positions=args.positions, prompts_per_batch=args.prompts_per_batch,
-                              samples_per_prompt=args.samples_per_prompt, max_new_tokens=args.max_new_tokens,
-                              seed=args.seed)
+    sample_cfg = args.sample_config
     started = time.perf_counter()
     samples = collect_samples(model, prompts, sample_cfg, args.samples_cache)
     seconds = time.perf_counter() - started

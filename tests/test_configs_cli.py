@@ -1,0 +1,105 @@
+"""Command-line flags made from config dataclasses (`specroll.configs.cli`)."""
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+import pytest
+
+from specroll.configs.cli import add_config_arguments, config_from_args, field_docs
+from specroll.fastgrpo.pretrain import parse_args as pretrain_args
+from specroll.learner.sft import SFTConfig
+from specroll.learner.sft import parse_args as sft_args
+from specroll.spec.head_samples import SampleConfig
+from specroll.spec.train_heads import parse_args as train_heads_args
+
+
+@dataclass
+class Base:
+    """A base config."""
+
+    depth: int = 3  # layers per head
+    rate: float = 0.5
+    """Share of rows kept, in [0, 1]."""
+
+
+@dataclass
+class Knobs(Base):
+    """Knobs of a made-up command.
+
+    More text that stays out of the help's group line.
+    """
+
+    name: str = "path"  # which kind: "path" or "medusa" # not a second comment
+    limit: int | None = None  # keep only the first `limit` rows; 100% without
+    fast: bool = False  # skip the slow checks
+    sizes: tuple[int, ...] = field(default_factory=lambda: (4, 8))  # no flag for tuples
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rate <= 1:
+            raise ValueError(f"rate must be in [0, 1], got {self.rate}")
+
+
+def parser_for(**kwargs) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="knobs")
+    add_config_arguments(p, Knobs, exclude=("sizes",), **kwargs)
+    return p
+
+
+def test_field_docs_read_line_comments_and_docstrings_below_fields_including_inherited_ones():
+    assert field_docs(Knobs) == {
+        "depth": "layers per head",
+        "rate": "Share of rows kept, in [0, 1].",
+        "name": 'which kind: "path" or "medusa" # not a second comment',
+        "limit": "keep only the first `limit` rows; 100% without",
+        "fast": "skip the slow checks",
+        "sizes": "no flag for tuples",
+    }
+
+
+def test_flags_parse_each_fields_type_and_default_to_the_fields_values():
+    p = parser_for()
+    assert config_from_args(Knobs, p.parse_args([])) == Knobs()
+    args = p.parse_args(["--depth", "5", "--rate", "0.25", "--name", "medusa", "--limit", "7", "--fast"])
+    assert config_from_args(Knobs, args) == Knobs(depth=5, rate=0.25, name="medusa", limit=7, fast=True)
+    assert config_from_args(Knobs, p.parse_args(["--no-fast"]), sizes=(2,)) == Knobs(fast=False, sizes=(2,))
+    with pytest.raises(SystemExit):
+        p.parse_args(["--depth", "1.5"])
+
+
+def test_help_names_each_field_with_its_documentation_and_default():
+    text = parser_for(defaults={"depth": 9}).format_help()
+    assert "Knobs of a made-up command." in text and "More text" not in text
+    assert "layers per head (default: 9)" in " ".join(text.split())  # the command's default, not the field's
+    assert "100% without" in " ".join(text.split())  # a literal %, which argparse would otherwise format
+    assert "--sizes" not in text
+
+
+def test_a_field_that_takes_no_flag_must_be_excluded():
+    with pytest.raises(TypeError, match="Knobs.sizes"):
+        add_config_arguments(argparse.ArgumentParser(), Knobs)
+
+
+def test_a_value_the_config_refuses_is_a_usage_error_naming_the_check(capsys):
+    p = parser_for()
+    with pytest.raises(SystemExit) as exit_info:
+        config_from_args(Knobs, p.parse_args(["--rate", "2"]), p)
+    assert exit_info.value.code == 2 and "rate must be in [0, 1], got 2.0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="rate must be"):  # no parser: the config's own error
+        config_from_args(Knobs, p.parse_args(["--rate", "2"]))
+
+
+def test_sft_command_has_a_documented_flag_for_every_recipe_field():
+    docs = field_docs(SFTConfig)
+    assert set(docs) == {f.name for f in dataclasses.fields(SFTConfig)}
+    args, cfg = sft_args(["--lr", "1e-4", "--epochs", "3", "--precision", "float32", "--max-steps", "2"])
+    assert cfg == SFTConfig(lr=1e-4, epochs=3, precision="float32", max_steps=2)
+    assert args.model == "smollm2-135m-instruct"
+
+
+def test_head_and_drafter_commands_draw_their_samples_as_their_flags_say():
+    args = train_heads_args(["--out", "h.safetensors", "--positions", "500", "--max-new-tokens", "64", "--seed", "3"])
+    assert args.sample_config == SampleConfig(positions=500, max_new_tokens=64, seed=3)
+    # The drafter's command samples fewer positions by default, the same way otherwise (one samples cache).
+    assert pretrain_args(["--out", "d.safetensors"]).sample_config == SampleConfig(positions=20_000)
+    with pytest.raises(SystemExit):
+        train_heads_args(["--out", "h.safetensors", "--temperature", "0.5"])  # heads learn the policy's own samples
