@@ -74,6 +74,25 @@ def test_help_names_each_field_with_its_documentation_and_default():
     assert "--sizes" not in text
 
 
+def test_a_class_defined_in_a_function_reads_its_own_comments_but_not_lint_directives():
+    @dataclass
+    class Local:
+        """Defined here.
+Its second line sits at column 0, so the class's source alone does not parse."""
+
+        sizes: tuple[int, ...] = (  # kept sizes
+            4, 8)
+        share: str = "50%"  # noqa: E501
+        quiet: bool = True
+
+    assert field_docs(Local) == {"sizes": "kept sizes"}
+    p = argparse.ArgumentParser()
+    add_config_arguments(p, Local, exclude=("sizes",))
+    text = " ".join(p.format_help().split())
+    assert "--share SHARE (default: 50%)" in text and "--quiet, --no-quiet (default: True)" in text
+    assert config_from_args(Local, p.parse_args(["--no-quiet"])) == Local(quiet=False)
+
+
 def test_a_field_that_takes_no_flag_must_be_excluded():
     with pytest.raises(TypeError, match="Knobs.sizes"):
         add_config_arguments(argparse.ArgumentParser(), Knobs)

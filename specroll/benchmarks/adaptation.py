@@ -52,7 +52,7 @@ from .grpo_steps import GSM8K_TRAIN
 
 VANILLA = "vanilla"  # plain decoding, the speed reference
 CEILING = "ceiling"  # static heads, swapped at the drift for heads fit for policy B
-DEFAULT_POLICY_B = "~/.cache/specroll/sft/gsm8k800"  # the README's SFT recipe on 800 GSM8K problems
+DEFAULT_POLICY_B = "~/.cache/specroll/sft/gsm8k800"  # the SFT recipe of docs/guide.md (Heads and SFT) on 800 GSM8K problems
 # Run sizes: a full run, and --quick (under 10 minutes with SmolLM2 on a 2-core CPU).
 SIZES = {"full": dict(rounds=12, prompts=4, n=4, max_new_tokens=128),
          "quick": dict(rounds=10, prompts=2, n=2, max_new_tokens=48)}
@@ -101,7 +101,7 @@ def real_scenario(args) -> Scenario:
     heads = load_heads(args.heads, args.policy_a, model)
     path = Path(args.policy_b).expanduser()
     if args.policy_b == DEFAULT_POLICY_B and not path.exists():
-        raise FileNotFoundError(f"policy B not found at {path} (the README's SFT recipe writes it)")
+        raise FileNotFoundError(f"policy B not found at {path} (the SFT recipe in docs/guide.md, Heads and SFT, writes it)")
     b, _ = load_causal_lm(str(path) if path.exists() else args.policy_b, dtype=args.dtype, device=args.device)
     if model_fingerprint(b.config) != model_fingerprint(model.config):
         raise ValueError(f"policy B ({model_fingerprint(b.config)}) is not the architecture of policy A "

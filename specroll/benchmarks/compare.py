@@ -45,7 +45,7 @@ from .grpo_steps import GSM8K_TRAIN, driver_settings, run_driver, two_proportion
 VANILLA, FASTGRPO = "vanilla", "fastgrpo"
 MODES = (VANILLA, FASTGRPO, *(f"specroll-{a}" for a in ADAPTATION_MODES))
 INSTRUCT = "smollm2-135m-instruct"
-SFT_POLICY = Path("~/.cache/specroll/sft/gsm8k200")  # the README's SFT recipe on 200 GSM8K problems
+SFT_POLICY = Path("~/.cache/specroll/sft/gsm8k200")  # the SFT recipe of docs/guide.md (Heads and SFT) on 200 GSM8K problems
 SIZES = {"full": dict(steps=4, warmup_steps=1, prompts=4, n=4, max_new_tokens=128, concurrency=[1, 4, 16]),
          "quick": dict(steps=2, warmup_steps=1, prompts=2, n=4, max_new_tokens=48, concurrency=[1, 8])}
 # Engine-only speed: the heads alone and the headline mode (in the engine alone no head update happens).
@@ -84,7 +84,7 @@ def races(args) -> list[Race]:
         else:  # the SFT'd policy drafts with the instruct policy's drafters (same architecture) unless given its own
             path = Path(args.sft_policy).expanduser()
             if not path.is_dir():
-                raise FileNotFoundError(f"--policies sft: no SFT'd policy at {path} (the README's SFT recipe writes it)")
+                raise FileNotFoundError(f"--policies sft: no SFT'd policy at {path} (the SFT recipe in docs/guide.md, Heads and SFT, writes it)")
             name = str(path)
             heads = args.sft_heads or str(shipped_heads(INSTRUCT))
             drafter = args.sft_drafter or str(shipped_drafter(INSTRUCT))

@@ -8,7 +8,6 @@ import ast
 import dataclasses
 import inspect
 import io
-import textwrap
 import tokenize
 import types
 import typing
@@ -18,32 +17,53 @@ Config = TypeVar("Config")
 FLAG_TYPES = (bool, int, float, str)
 
 
-def class_source(cls: type) -> tuple[ast.ClassDef, str]:
-    source = textwrap.dedent(inspect.getsource(cls))
-    return ast.parse(source).body[0], source
+LINT_COMMENTS = ("noqa", "type:", "pragma")  # directives to tools, not documentation
+
+
+def class_source(cls: type) -> tuple[ast.ClassDef, dict[int, str]]:
+    """The class's syntax tree and the comments of its module by line, parsed from the whole
+    module: a class defined inside a function need not parse on its own."""
+    module_source = inspect.getsource(inspect.getmodule(cls))
+    first_line = inspect.getsourcelines(cls)[1]
+    node = next(n for n in ast.walk(ast.parse(module_source)) if isinstance(n, ast.ClassDef)
+                and n.name == cls.__name__ and min([n.lineno] + [d.lineno for d in n.decorator_list]) == first_line)
+    comments = {token.start[0]: token.string.lstrip("#").strip()
+                for token in tokenize.generate_tokens(io.StringIO(module_source).readline)
+                if token.type == tokenize.COMMENT and not token.string.lstrip("#").strip().startswith(LINT_COMMENTS)}
+    return node, comments
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Each field's documentation in dataclass `cls` and its dataclass bases: the `# comment`
-    ending its line, or else the string literal right below it."""
+    """Each field's documentation in dataclass `cls` and its dataclass bases: the string literal
+    right below it, or else the `# comment` ending its last line or its first."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
-        node, source = class_source(klass)
-        comments = {token.start[0]: token.string.lstrip("#").strip()
-                    for token in tokenize.generate_tokens(io.StringIO(source).readline)
-                    if token.type == tokenize.COMMENT}
-        body = node.body
-        for statement, below in zip(body, body[1:] + [None]):
+        node, comments = class_source(klass)
+        for statement, below in zip(node.body, node.body[1:] + [None]):
             if not (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)):
                 continue
-            is_docstring = (isinstance(below, ast.Expr) and isinstance(below.value, ast.Constant)
-                            and isinstance(below.value.value, str))
-            doc = inspect.cleandoc(below.value.value) if is_docstring else comments.get(statement.end_lineno)
+            if (isinstance(below, ast.Expr) and isinstance(below.value, ast.Constant)
+                    and isinstance(below.value.value, str)):
+                doc = inspect.cleandoc(below.value.value)
+            else:
+                doc = comments.get(statement.end_lineno) or comments.get(statement.lineno)
             if doc:
                 docs[statement.target.id] = " ".join(doc.split())
     return docs
+
+
+def field_type(cls: type, f: dataclasses.Field) -> Any:
+    """A field's annotation, evaluated in its class's module where it is a string (postponed annotations)."""
+    if not isinstance(f.type, str):
+        return f.type
+    owner = next(k for k in cls.__mro__ if f.name in vars(k).get("__annotations__", {}))
+    try:
+        return eval(f.type, vars(inspect.getmodule(owner)))
+    except NameError as exc:
+        raise TypeError(f"{cls.__name__}.{f.name}: its type {f.type!r} is not a module-level name ({exc}): "
+                        "exclude it") from exc
 
 
 def flag_type(annotation: Any) -> type | None:
@@ -67,27 +87,32 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, exclude: tu
                          defaults: dict[str, Any] | None = None) -> None:
     """Add a `--field-name` flag to `parser` for each field of dataclass `cls` but those in
     `exclude`, in a group named after the class; `defaults` replaces the fields' own."""
-    hints, docs, defaults = typing.get_type_hints(cls), field_docs(cls), defaults or {}
+    docs, defaults = field_docs(cls), defaults or {}
     summary = ast.get_docstring(class_source(cls)[0])  # not __doc__: a dataclass without one gets its signature
     group = parser.add_argument_group(cls.__name__, summary.splitlines()[0] if summary else None)
     for f in dataclasses.fields(cls):
         if f.name in exclude or not f.init:
             continue
-        kind = flag_type(hints[f.name])
+        annotation = field_type(cls, f)
+        kind = flag_type(annotation)
         if kind is None:
-            raise TypeError(f"{cls.__name__}.{f.name} ({hints[f.name]}) takes no flag: exclude it")
+            raise TypeError(f"{cls.__name__}.{f.name} ({annotation}) takes no flag: exclude it")
         default = defaults.get(f.name, field_default(f))
-        flag, help_text = "--" + f.name.replace("_", "-"), docs.get(f.name, "").replace("%", "%%")
+        flag, doc = "--" + f.name.replace("_", "-"), docs.get(f.name, "").replace("%", "%%")  # help is %-formatted
         if kind is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            action = group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=doc)
         else:
-            group.add_argument(flag, type=kind, default=default, help=f"{help_text} (default: {default})")
+            action = group.add_argument(flag, type=kind, default=default, help=doc)
+        if "%(default)" not in action.help:  # Python 3.10's BooleanOptionalAction adds it itself
+            action.help += " (default: %(default)s)"
 
 
 def config_from_args(cls: type[Config], args: argparse.Namespace, parser: argparse.ArgumentParser | None = None,
                      **given: Any) -> Config:
-    """`cls` built from the parsed flags of its fields and the `given` values. With `parser`, a
-    value the config's checks refuse ends the command with its usage and the check's message."""
+    """`cls` built from the `given` values and, for its other fields, the parsed flag of the same
+    name: its own, or one the command added itself (a `--seed` shared by several configs, say).
+    With `parser`, a value the config's checks refuse ends the command with its usage and the
+    check's message."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
               if f.init and f.name not in given and hasattr(args, f.name)}
     try:
