@@ -10,6 +10,7 @@ from specroll.fastgrpo.pretrain import parse_args as pretrain_args
 from specroll.learner.sft import SFTConfig
 from specroll.learner.sft import parse_args as sft_args
 from specroll.spec.head_samples import SampleConfig
+from specroll.spec.train_heads import HeadTrainConfig
 from specroll.spec.train_heads import parse_args as train_heads_args
 
 
@@ -122,3 +123,13 @@ def test_head_and_drafter_commands_draw_their_samples_as_their_flags_say():
     assert pretrain_args(["--out", "d.safetensors"]).sample_config == SampleConfig(positions=20_000)
     with pytest.raises(SystemExit):
         train_heads_args(["--out", "h.safetensors", "--temperature", "0.5"])  # heads learn the policy's own samples
+
+
+def test_head_training_flags_set_its_config_and_epochs_0_evaluates_with_the_rest():
+    args = train_heads_args(["--out", "h.safetensors", "--lr", "3e-4", "--nll-weight", "0.5", "--seed", "2"])
+    assert args.train_config == HeadTrainConfig(lr=3e-4, nll_weight=0.5, seed=2)
+    args = train_heads_args(["--out", "h.safetensors", "--epochs", "0", "--eval-positions", "64"])
+    assert args.epochs == 0 and args.train_config.eval_positions == 64
+    for bad in (["--epochs", "-1"], ["--draft-vocab", "-1"], ["--lr", "0"]):
+        with pytest.raises(SystemExit):
+            train_heads_args(["--out", "h.safetensors", *bad])

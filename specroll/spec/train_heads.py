@@ -36,6 +36,8 @@ from .heads import HEAD_TYPES, SHIPPED_HEADS, HorizonHeads, shipped_heads
 
 @dataclass
 class HeadTrainConfig:
+    """How the heads train on the policy's samples, and how often they are evaluated on held-out ones."""
+
     epochs: int = 3  # passes over the training positions
     lr: float = 1e-3  # AdamW peak learning rate, cosine-decayed to zero
     weight_decay: float = 0.0  # AdamW weight decay
@@ -199,11 +201,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--draft-vocab", type=int, default=1024,
                    help="heads draft among this many of the samples' most frequent tokens; 0 = the whole vocabulary")
     p.add_argument("--epochs", type=int, default=HeadTrainConfig.epochs,
-                   help="0: no training, only the held-out evaluation of the given heads (see --init-heads)")
-    p.add_argument("--lr", type=float, default=HeadTrainConfig.lr)
-    p.add_argument("--batch-positions", type=int, default=HeadTrainConfig.batch_positions)
-    p.add_argument("--eval-every", type=int, default=HeadTrainConfig.eval_every)
-    p.add_argument("--eval-positions", type=int, default=HeadTrainConfig.eval_positions)
+                   help="passes over the training positions; 0: no training, only the held-out evaluation of the "
+                        "given heads (see --init-heads)")
     p.add_argument("--heldout-every", type=int, default=20, help="every n-th prompt is held out for evaluation")
     p.add_argument("--out", default=None,
                    help="heads file (.safetensors); the summary goes beside it (.json); not needed with --collect-only")
@@ -216,10 +215,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="the samples' and the training's seed")
     # At the policy's own temperature: the heads learn what it samples.
     add_config_arguments(p, SampleConfig, exclude=("temperature", "seed"))
+    add_config_arguments(p, HeadTrainConfig, exclude=("epochs", "eval_ks", "seed"))
     args = p.parse_args(argv)
-    args.sample_config = config_from_args(SampleConfig, args, p)
     if args.out is None and not args.collect_only:
         p.error("--out is required (where to save the heads) unless --collect-only")
+    if args.epochs < 0:
+        p.error(f"--epochs must be >= 0, got {args.epochs}")
+    if args.draft_vocab < 0:
+        p.error(f"--draft-vocab must be >= 0, got {args.draft_vocab}")
+    args.sample_config = config_from_args(SampleConfig, args, p)
+    # With --epochs 0 the other fields still set the evaluation.
+    args.train_config = config_from_args(HeadTrainConfig, args, p, epochs=max(args.epochs, 1))
     return args
 
 
@@ -281,18 +287,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.collect_only:
         return {"samples_cache": str(samples.path), "sequences": len(samples.sequences)}
     train_seqs, heldout = split_heldout(samples.sequences, heldout_prompts(len(prompts), args.seed, args.heldout_every))
-    if args.draft_vocab < 0:
-        raise ValueError(f"--draft-vocab must be >= 0, got {args.draft_vocab}")
-    if args.epochs < 0:
-        raise ValueError(f"--epochs must be >= 0, got {args.epochs}")
     heads = initial_heads(model, args)
     heads.set_draft_vocab(frequent_tokens(train_seqs, args.draft_vocab) if args.draft_vocab else None)
+    cfg = args.train_config
     if args.epochs == 0:  # evaluate only: e.g. existing heads given a draft vocabulary
-        cfg = None
-        metrics = evaluate_heads(model, heads, heldout, HeadTrainConfig(eval_positions=args.eval_positions))
+        metrics = evaluate_heads(model, heads, heldout, cfg)
     else:
-        cfg = HeadTrainConfig(epochs=args.epochs, lr=args.lr, batch_positions=args.batch_positions,
-                              eval_every=args.eval_every, eval_positions=args.eval_positions, seed=args.seed)
         metrics = train_heads(model, heads, train_seqs, cfg, heldout)
     out = Path(args.out)
     init_summary = None
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> dict:
         "sample_positions": sum(s.response_len for s in samples.sequences),
         "sample_time_s": sample_time,
         "heldout_sequences": len(heldout),
-        "train_config": None if cfg is None else asdict(cfg),
+        "train_config": None if args.epochs == 0 else asdict(cfg),
         **{k: v for k, v in metrics.items() if k != "train_loss"},
         "train_loss_every_10": metrics.get("train_loss", [])[::10],
         "init_heads": args.init_heads,
