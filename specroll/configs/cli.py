@@ -15,8 +15,6 @@ from typing import Any, TypeVar
 
 Config = TypeVar("Config")
 FLAG_TYPES = (bool, int, float, str)
-
-
 LINT_COMMENTS = ("noqa", "type:", "pragma")  # directives to tools, not documentation
 
 
