@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 
+from specroll.speculation import SpeculationConfig
+
 from .data import SyntheticConfig, format_prompt, generate_synthetic, math_reward
 from .models import load_causal_lm
 from .rollout import RolloutEngine, SamplingParams
-from .spec import SpecConfig
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
 
     engines = {
         "vanilla": RolloutEngine(model, tokenizer, show_progress=True),
-        "specroll": RolloutEngine(model, tokenizer, spec=SpecConfig(heads_path="shipped"), show_progress=True),
+        "specroll": RolloutEngine(model, tokenizer, spec=SpeculationConfig(heads_path="shipped"), show_progress=True),
     }
     results = {}
     for name, engine in engines.items():

@@ -31,8 +31,13 @@ from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.data import PromptStream, load_problems
 from specroll.learner import latest_checkpoint, latest_intact_checkpoint, verify_checkpoint
 from specroll.models import resolve_checkpoint
-from specroll.telemetry import (MetricsLogger, StepProgress, drafter_update_metrics, response_metrics,
-                                summarize_rollout_stats)
+from specroll.telemetry import (
+    MetricsLogger,
+    StepProgress,
+    drafter_update_metrics,
+    response_metrics,
+    summarize_rollout_stats,
+)
 from specroll.telemetry import metric_names as m
 from specroll.telemetry.history import STEP_KEY, RunHistory, read_run
 from specroll.telemetry.plots import plot_run_curves
@@ -93,8 +98,7 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
             actors.sync_policy()
             return actors.start_rollouts(step, batch), time.perf_counter() - started, position
 
-        spec = cfg.rollout.speculation
-        wait_for_heads = spec is not None and spec.consolidation.wait
+        wait_for_heads = cfg.rollout.speculates and cfg.rollout.speculation.consolidation.wait
         with StepProgress(cfg.total_steps, first_step) as progress:
             pending = None
             for step in range(first_step, cfg.total_steps):

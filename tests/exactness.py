@@ -26,7 +26,7 @@ from scipy.stats import chi2
 
 from specroll.models import to_hf_state_dict
 from specroll.rollout import RolloutEngine
-from specroll.spec.verify import verify_tree
+from specroll.speculation.verification.verify import verify_tree
 
 # Cells whose expected variance is below this are left out: the normal approximation needs counts.
 MIN_CELL_VARIANCE = 10.0
@@ -73,7 +73,7 @@ def near_cutoff(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: f
 
 def assert_plain_responses(model, prompts: list[list[int]], out, params) -> None:
     """`out`'s responses are plain decoding's for the same params, token for token: each tree
-    node samples with the draw plain sampling uses for the token it would emit (spec/verify.py).
+    node samples with the draw plain sampling uses for the token it would emit (speculation/verification/verify.py).
     A float rounding difference between a tree pass and a plain step may fork a rare one."""
     plain = RolloutEngine(model).generate(prompts, params).token_ids
     same = sum(a == b for a, b in zip(plain, out.token_ids))

@@ -147,9 +147,9 @@ def test_drift_telemetry_reaches_the_consolidation_actor(two_steps):
     wait_for(lambda: {(a, s) for a in (0, 1) for s in (0, 1)} <= set(records()))
     record = records()[(1, 1)]
     assert (record.policy_version, record.head_version) == (1, 0)
-    assert len(record.acceptance_by_depth) == cfg.rollout.spec.num_heads
+    assert len(record.acceptance_by_depth) == cfg.rollout.speculation.num_heads
     assert record.verify_steps > 0 and record.tokens_per_step >= 1
-    assert record.budget_min == record.budget_max == cfg.rollout.spec.fixed_nodes
+    assert record.budget_min == record.budget_max == cfg.rollout.speculation.fixed_nodes
 
 
 def test_published_heads_reach_every_rollout_actor(two_steps):

@@ -16,7 +16,7 @@ def row(step, gen, total, reward, accuracy, n=4, length=10.0, **extra):
 
 def mode(name, rows, warmup=1):
     rollout = name.split("-")[0]
-    return ModeRun("race", name, rollout, rows, name.removeprefix("specroll-") if rollout == "specroll" else None,
+    return ModeRun("race", name, rollout, rows, name.removeprefix("speculation-") if rollout == "speculation" else None,
                    summary=summarize_mode(rows, warmup))
 
 
@@ -25,7 +25,7 @@ def test_summary_and_ratios_against_vanilla_and_fastgrpo():
     fast = mode("fastgrpo", [row(0, 50, 90, 0.5, 0.5, **{m.DRAFTER_UPDATES: 1, m.TIME_DRAFTER_UPDATE: 2.0}),
                              row(1, 6, 25, 0.25, 0.25, **{m.DRAFTER_UPDATES: 2, m.TIME_DRAFTER_UPDATE: 3.0,
                                                           m.TOKENS_PER_STEP: 1.5, m.acceptance_depth(1): 0.4})])
-    both = mode("specroll-both", [row(0, 50, 90, 0.5, 0.5, **{m.HEADS_UPDATE_S: 4.0, m.HEADS_UPDATE_WAIT_S: 1.5}),
+    both = mode("speculation-both", [row(0, 50, 90, 0.5, 0.5, **{m.HEADS_UPDATE_S: 4.0, m.HEADS_UPDATE_WAIT_S: 1.5}),
                                   row(1, 4, 16, 0.5, 0.5, **{m.TOKENS_PER_STEP: 2.0})])
     add_ratios([vanilla, fast, both])
     s = fast.summary
@@ -63,22 +63,22 @@ def test_the_tiny_path_races_modes_and_writes_what_the_notebook_reads(ray_cluste
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out" / "compare.json"
-    made = main(["--tiny", "--modes", "vanilla", "fastgrpo", "specroll-both", "--steps", "2", "--warmup-steps", "1",
+    made = main(["--tiny", "--modes", "vanilla", "fastgrpo", "speculation-both", "--steps", "2", "--warmup-steps", "1",
                  "--prompts", "2", "--n", "2", "--max-new-tokens", "8", "--concurrency", "1", "2",
                  "--run-root", str(tmp_path / "runs"), "--json", str(out)])
     loaded = load_comparison(out)
     assert loaded.races() == ["tiny/synthetic"] and loaded.table == made.table
     runs = {run.name: run for run in loaded.modes}
-    assert list(runs) == ["vanilla", "fastgrpo", "specroll-both"]
+    assert list(runs) == ["vanilla", "fastgrpo", "speculation-both"]
     assert [len(run.steps) for run in runs.values()] == [2, 2, 2]
     assert runs["vanilla"].trace is None and set(runs["fastgrpo"].trace.node_budget) == {2}  # C = 8 over 4 rows
     assert runs["fastgrpo"].summary["drafter_updates"] == 2 and runs["fastgrpo"].summary["drafter_update_s"] > 0
-    assert runs["specroll-both"].steps[1][m.NODE_BUDGET_MEAN] == 4  # the smoke preset's fixed trees
+    assert runs["speculation-both"].steps[1][m.NODE_BUDGET_MEAN] == 4  # the smoke preset's fixed trees
     for run in runs.values():  # the ratios from the written per-step times, warm-up left out
         assert run.summary["gen_speedup_vs_vanilla"] == pytest.approx(
             runs["vanilla"].steps[1][m.TIME_GEN] / run.steps[1][m.TIME_GEN])
     assert {(p.mode, p.concurrency) for p in loaded.concurrency} == {
-        (mode, c) for mode in ("fastgrpo", "specroll-both") for c in (1, 2)}
+        (mode, c) for mode in ("fastgrpo", "speculation-both") for c in (1, 2)}
     assert all(math.isfinite(p.speedup) and p.speedup > 0 for p in loaded.concurrency)
     tests = loaded.settings["reward_tests"]["tiny/synthetic"]
     assert 0 <= tests["accuracy_chi2_p"] <= 1 and 0 <= tests["reward_kruskal_p"] <= 1

@@ -37,7 +37,7 @@ def step(gen, total, reward, accuracy, n=8, length=10.0):
 
 def test_summary_leaves_warmup_steps_out_of_the_ratios():
     results = {"vanilla": [step(100, 200, 0.25, 0.5), step(6, 10, 0.0, 0.25), step(6, 10, 0.25, 0.5)],
-               "specroll": [step(1, 2, 0.5, 0.5), step(3, 7, 0.5, 0.5, length=20), step(3, 7, 0.25, 0.25)]}
+               "speculation": [step(1, 2, 0.5, 0.5), step(3, 7, 0.5, 0.5, length=20), step(3, 7, 0.25, 0.25)]}
     s = summarize(results, warmup=1)
     # tokens/s: vanilla (80 + 80) / 12, specroll (160 + 80) / 6 -> 3x, although generation time is only 2x
     assert s["gen_tokens_per_s_ratio"] == pytest.approx((240 / 6) / (160 / 12))
@@ -57,17 +57,17 @@ def test_both_modes_train_side_by_side(tmp_path, monkeypatch):
     out = tmp_path / "bench.json"
     summary = main(["--policy", "tiny-llama", "--heads", "null", "--dataset", "synthetic", "--steps", "2",
                     "--prompts", "2", "--n", "2", "--max-new-tokens", "8", "--run-root", str(tmp_path / "runs"),
-                    "--json", str(out), "experiment=smoke", "logger.console=false", "rollout.spec.fixed_nodes=3"])
+                    "--json", str(out), "experiment=smoke", "logger.console=false", "rollout.speculation.fixed_nodes=3"])
     written = json.loads(out.read_text())
     steps, warmup = written["steps"], written["args"]["warmup_steps"]
-    assert [len(steps["vanilla"]), len(steps["specroll"])] == [2, 2]
-    assert all(s[m.VERIFY_STEPS] > 0 and s[m.NODE_BUDGET_MEAN] == 3 for s in steps["specroll"])  # spec-only override
+    assert [len(steps["vanilla"]), len(steps["speculation"])] == [2, 2]
+    assert all(s[m.VERIFY_STEPS] > 0 and s[m.NODE_BUDGET_MEAN] == 3 for s in steps["speculation"])  # spec-only override
     assert all(m.VERIFY_STEPS not in s for s in steps["vanilla"])
-    assert steps["vanilla"][1][m.POLICY_VERSION] == steps["specroll"][1][m.POLICY_VERSION] == 2
+    assert steps["vanilla"][1][m.POLICY_VERSION] == steps["speculation"][1][m.POLICY_VERSION] == 2
     assert summary["vanilla_responses"] == summary["specroll_responses"] == 2 * 2 * 2
     assert written["summary"] == summary
     # The ratios from the written per-step times, warm-up steps left out.
     for ratio, name in (("gen_ratio", m.TIME_GEN), ("step_ratio", m.STEP_TIME_S)):
-        vanilla, specroll = (sum(s[name] for s in steps[mode][warmup:]) for mode in ("vanilla", "specroll"))
+        vanilla, specroll = (sum(s[name] for s in steps[mode][warmup:]) for mode in ("vanilla", "speculation"))
         assert vanilla > 0 and specroll > 0
         assert summary[ratio] == pytest.approx(vanilla / specroll, rel=1e-12)

@@ -11,8 +11,8 @@ from specroll.configs import ModelSection, TrainConfig, load_train_config, valid
 from specroll.fastgrpo import FastGRPOConfig, OnlineConfig
 from specroll.learner import LearnerConfig
 from specroll.models import build_tiny_model, tiny_config
-from specroll.spec import SpecConfig
-from specroll.spec.config import ADAPTATION_MODES
+from specroll.speculation import SpeculationConfig
+from specroll.speculation.config import ADAPTATION_MODES
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SHARED_GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
@@ -53,23 +53,23 @@ def test_every_group_option_composes_and_validates(group, option):
 
 def test_command_line_overrides_reach_the_dataclasses():
     cfg = load(["rollout=vanilla", "rollout.max_new_tokens=64", "cluster.num_rollout_actors=2"])
-    assert cfg.rollout.mode == "vanilla" and cfg.rollout.speculation is None
+    assert cfg.rollout.mode == "vanilla" and not cfg.rollout.speculates
     assert cfg.rollout.max_new_tokens == 64
     assert cfg.cluster.num_rollout_actors == 2
     params = cfg.rollout.sampling_params(seed=3)
     assert (params.max_new_tokens, params.n, params.seed) == (64, 8, 3)
-    assert load().rollout.speculation == SpecConfig()
+    assert load().rollout.speculates and load().rollout.speculation == SpeculationConfig()
 
 
 @pytest.mark.parametrize("adaptation", ADAPTATION_MODES)
 def test_rollout_modes_and_adaptations_switch_by_override(adaptation):
     """What the comparison command races: rollout=vanilla | fastgrpo | specroll with each adaptation."""
     fast = load(["rollout=fastgrpo", "rollout.fastgrpo.capacity=32", "rollout.fastgrpo.online.enabled=false"])
-    assert fast.rollout.mode == "fastgrpo" and fast.rollout.speculation is None
+    assert fast.rollout.mode == "fastgrpo" and not fast.rollout.speculates
     assert fast.rollout.decoding == FastGRPOConfig(capacity=32, online=OnlineConfig(enabled=False))
     assert fast.rollout.max_tokens_per_step == 32
-    spec = load([f"rollout.spec.adaptation={adaptation}"])
-    assert spec.rollout.decoding is spec.rollout.speculation and spec.rollout.spec.adaptation == adaptation
+    spec = load([f"rollout.speculation.adaptation={adaptation}"])
+    assert spec.rollout.decoding is spec.rollout.speculation and spec.rollout.speculation.adaptation == adaptation
     assert load(["rollout=vanilla"]).rollout.decoding is None
 
 
@@ -81,7 +81,7 @@ def test_learner_follows_the_rollout_temperature_and_the_run_seed():
 def test_experiments_override_groups_and_top_level_values():
     smoke = load(["experiment=smoke"])
     assert smoke.model.name == "tiny-llama" and smoke.logger.backend == "none"
-    assert (smoke.total_steps, smoke.rollout.max_new_tokens, smoke.rollout.spec.max_nodes) == (2, 16, 4)
+    assert (smoke.total_steps, smoke.rollout.max_new_tokens, smoke.rollout.speculation.max_nodes) == (2, 16, 4)
     paper = load(["experiment=paper_gsm8k_qwen2_5_1_5b"])
     assert paper.model.name == "Qwen/Qwen2.5-1.5B-Instruct" and paper.model.dtype == "bfloat16"
     assert (paper.data.name, paper.learner.dtype, paper.cluster.learner_world_size) == ("gsm8k", "bfloat16", 4)
@@ -95,7 +95,7 @@ def test_experiments_override_groups_and_top_level_values():
         (["rollout.max_new_tokens=-5"], "rollout.max_new_tokens must be >= 1"),
         (["learner.micro_batch_tokens=-1"], "learner.micro_batch_tokens must be an int >= 1"),
         (["cluster.remote_timeout_s=0"], "cluster.remote_timeout_s must be a finite number > 0"),
-        (["rollout.spec.min_nodes=32"], "rollout.spec.max_nodes (16) must be >= rollout.spec.min_nodes (32)"),
+        (["rollout.speculation.min_nodes=32"], "rollout.speculation.max_nodes (16) must be >= rollout.speculation.min_nodes (32)"),
         (["learner.zero_stage=4"], "learner.zero_stage must be one of (0, 1, 2, 3), got 4"),
         (["learner.loss.clip_low=1.5"], "learner.loss.clip_low must be in [0, 1)"),
         (["learner.loss.kl_estimator=k9"], "learner.loss.kl_estimator must be one of 'k1', 'k2', 'k3'"),
@@ -105,11 +105,11 @@ def test_experiments_override_groups_and_top_level_values():
         (["rollout.n=1"], "rollout.n must be >= 2"),
         (["rollout.sync_every=0"], "rollout.sync_every must be >= 1"),
         (["rollout.temperature=0"], "rollout.temperature must be > 0"),
-        (["rollout.mode=turbo"], "rollout.mode must be one of 'vanilla', 'specroll', 'fastgrpo'"),
+        (["rollout.mode=turbo"], "rollout.mode must be one of 'vanilla', 'speculation', 'fastgrpo'"),
         (["rollout=fastgrpo", "rollout.fastgrpo.online.lr=0"], "rollout.fastgrpo.online.lr must be > 0"),
         (["rollout=fastgrpo", "rollout.fastgrpo.max_nodes=1"], "rollout.fastgrpo.max_nodes must be >= 2"),
-        (["rollout.spec.adaptation=sometimes"], "rollout.spec.adaptation must be one of"),
-        (["rollout.spec.sync_free_trees=sometimes"], "rollout.spec.sync_free_trees must be"),
+        (["rollout.speculation.adaptation=sometimes"], "rollout.speculation.adaptation must be one of"),
+        (["rollout.speculation.sync_free_trees=sometimes"], "rollout.speculation.sync_free_trees must be"),
         (["model.dtype=int8"], "model.dtype must be one of"),
         (["model.name=tiny-gpt2"], "model.name 'tiny-gpt2' is not a tiny model"),
         (["model.tokenizer=smollm2-135m-instruct"], "model.tokenizer is only for tiny-* models"),
@@ -124,7 +124,7 @@ def test_experiments_override_groups_and_top_level_values():
         (["+learner.loss.bogus=1"], "learner.loss.bogus: unknown key"),
         (["+num_steps=3"], "num_steps: unknown key"),
         (["data=gsm8k", "data.path=/nonexistent/gsm8k/train.jsonl"], "data.path: file not found: /nonexistent/gsm8k/train.jsonl"),
-        (["rollout.spec.heads_path=/nonexistent/heads.pt"], "rollout.spec.heads_path: file not found"),
+        (["rollout.speculation.heads_path=/nonexistent/heads.pt"], "rollout.speculation.heads_path: file not found"),
         (["rollout=fastgrpo", "rollout.fastgrpo.drafter_path=/nonexistent/d.safetensors"],
          "rollout.fastgrpo.drafter_path: file not found"),
         (["model.name=/nonexistent/model.gguf"], "model.name: file not found"),
@@ -167,7 +167,7 @@ def test_plain_dicts_and_the_saved_form_round_trip():
 def test_context_limits_are_checked_against_the_model():
     tiny = tiny_config("llama")  # 256-token context
     validate_against_model(load(["experiment=smoke"]), tiny)
-    with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) \+ rollout.spec.max_nodes \(16\) = 272 exceeds"):
+    with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) \+ rollout.speculation.max_nodes \(16\) = 272 exceeds"):
         validate_against_model(load(), tiny)
     with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) \+ rollout.fastgrpo.max_nodes \(160\) = 416"):
         validate_against_model(load(["rollout=fastgrpo"]), tiny)

@@ -9,9 +9,9 @@ from specroll.configs.cli import add_config_arguments, config_from_args, field_d
 from specroll.fastgrpo.pretrain import parse_args as pretrain_args
 from specroll.learner.sft import SFTConfig
 from specroll.learner.sft import parse_args as sft_args
-from specroll.spec.head_samples import SampleConfig
-from specroll.spec.train_heads import HeadTrainConfig
-from specroll.spec.train_heads import parse_args as train_heads_args
+from specroll.speculation.head_training.samples import SampleConfig
+from specroll.speculation.head_training.training import HeadTrainConfig
+from specroll.speculation.head_training.training import parse_args as train_heads_args
 
 
 @dataclass

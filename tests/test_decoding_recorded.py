@@ -23,7 +23,7 @@ from specroll.fastgrpo import FastGRPOConfig
 from specroll.fastgrpo.drafter import FeatureDrafter
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.spec import HorizonHeads, SpecConfig
+from specroll.speculation import HorizonHeads, SpeculationConfig
 
 RECORDED = Path(__file__).parent / "data" / "decoding_recorded.json"
 PROMPTS = [[3, 5, 2, 9], [2, 6], [4, 4, 7, 3, 0, 5, 10]]
@@ -72,7 +72,7 @@ def generate(name: str) -> dict:
         engine = RolloutEngine(model, spec=FastGRPOConfig(drafter_path=None, capacity=32, max_nodes=8))
         engine.decoder.set_drafter(drafter)
     else:
-        cfg = SpecConfig(heads_path=None, adaptation=rest[0], **BUDGETS[decoder])
+        cfg = SpeculationConfig(heads_path=None, adaptation=rest[0], **BUDGETS[decoder])
         engine = RolloutEngine(model, spec=cfg)
         engine.decoder.set_heads(randomised(HorizonHeads.for_model(model, "path", cfg.num_heads), seed=2, scale=0.3))
     out = engine.generate(PROMPTS, params)

@@ -1,6 +1,6 @@
 """The FastGRPO-style decoder passes SpecRoll's statistical exactness tests (SPECROLL.md sections 2, 8).
 
-Same tiny policy, prompts and statistics as `test_spec_exactness.py` (see `exactness.py`): every
+Same tiny policy, prompts and statistics as `test_speculation_exactness.py` (see `exactness.py`): every
 kept token of thousands of responses, at every tree depth, against its exact conditional from
 transformers' forward; an untrained (random) and a pretrained drafter; T=1, T=0.7 with top-p,
 top-k; FastGRPO's concurrency rule as rows finish; greedy and sampled output equal plain decoding's; and a
@@ -13,15 +13,22 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from exactness import (
+    DecisionRecorder,
+    assert_plain_responses,
+    bonferroni_min,
+    decisions_of,
+    exactness_pvalues,
+    hf_oracle,
+)
 
-from exactness import DecisionRecorder, assert_plain_responses, bonferroni_min, decisions_of, exactness_pvalues, hf_oracle
 from specroll.fastgrpo import FastGRPOConfig, FeatureDrafter, OnlineConfig
 from specroll.fastgrpo.pretrain import pretrain_drafter, sample_features
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.spec.head_samples import SampleConfig, collect_samples
-from specroll.spec.tree import DraftTree
-from specroll.spec.verify import Verdict, verify_tree
+from specroll.speculation.drafting.tree import DraftTree
+from specroll.speculation.head_training.samples import SampleConfig, collect_samples
+from specroll.speculation.verification.verify import Verdict, verify_tree
 
 VOCAB, EOS, NEW_TOKENS = 8, 1, 24
 PROMPTS = [[3, 5, 2], [2, 6], [4, 4, 7, 3, 0, 5]]

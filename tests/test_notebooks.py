@@ -14,7 +14,7 @@ from specroll.benchmarks.comparison import Comparison, ConcurrencyPoint, ModeRun
 from specroll.configs import load_train_config
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.spec import SpecConfig
+from specroll.speculation import SpeculationConfig
 from specroll.telemetry.history import read_run
 from specroll.train import run_training
 
@@ -24,12 +24,12 @@ NOTEBOOKS = ROOT / "notebooks"
 
 @pytest.fixture(scope="module")
 def tiny_runs(tmp_path_factory):
-    """Run directories of two 2-step runs of the smoke experiment: {"specroll": dir, "vanilla": dir}."""
+    """Run directories of two 2-step runs of the smoke experiment: {"speculation": dir, "vanilla": dir}."""
     root = tmp_path_factory.mktemp("runs")
     ray.init(num_cpus=4, include_dashboard=False)
     try:
         dirs = {}
-        for rollout in ("specroll", "vanilla"):
+        for rollout in ("speculation", "vanilla"):
             with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
                 cfg = load_train_config(compose("config", overrides=[
                     "experiment=smoke", f"rollout={rollout}", f"run_dir={root / rollout}", "checkpoint_every=0",
@@ -40,26 +40,26 @@ def tiny_runs(tmp_path_factory):
         ray.shutdown()
 
 
-def tiny_rollout_stats(spec: SpecConfig | None, prompts: int) -> dict:
+def tiny_rollout_stats(spec: SpeculationConfig | None, prompts: int) -> dict:
     engine = RolloutEngine(build_tiny_model(init_std=0.3), spec=spec)
     return engine.generate([[3 + i, 4, 5] for i in range(prompts)], SamplingParams(max_new_tokens=12, n=2, seed=1)).stats
 
 
 def comparison_of(runs: dict[str, Path]) -> Comparison:
     """The two runs' steps, the trace of a real speculative rollout, speedups of real tiny rollouts."""
-    spec = SpecConfig(num_heads=3, budget="concurrency", capacity=16, max_nodes=8)
+    spec = SpeculationConfig(num_heads=3, budget="concurrency", capacity=16, max_nodes=8)
     stats = tiny_rollout_stats(spec, prompts=4)
     trace = RolloutTrace(stats["active_rows_per_step"], stats["budget_per_step"])
     race = "tiny / synthetic"
-    speedups = [ConcurrencyPoint(race, "specroll-static", 2 * count,
+    speedups = [ConcurrencyPoint(race, "speculation-static", 2 * count,
                                  tiny_rollout_stats(spec, count)["tokens_per_s"] / tiny_rollout_stats(None, count)["tokens_per_s"])
                 for count in (1, 4)]
     return Comparison(
         modes=[ModeRun(race, "vanilla", "vanilla", read_run(runs["vanilla"]).rows),
-               ModeRun(race, "specroll-static", "specroll", read_run(runs["specroll"]).rows, "static", trace)],
+               ModeRun(race, "speculation-static", "speculation", read_run(runs["speculation"]).rows, "static", trace)],
         concurrency=speedups,
         settings={"steps": 2, "quick": True},
-        table="| mode | steps |\n|---|---|\n| vanilla | 2 |\n| specroll-static | 2 |",
+        table="| mode | steps |\n|---|---|\n| vanilla | 2 |\n| speculation-static | 2 |",
     )
 
 
@@ -88,9 +88,9 @@ def test_run_report_runs_top_to_bottom_on_two_tiny_runs(tiny_runs):
     code = [c for c in notebook.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code)
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
-    assert "'specroll': 'steps 0-1', 'vanilla': 'steps 0-1'" in code[1].outputs[-1]["data"]["text/plain"]
+    assert "'speculation': 'steps 0-1', 'vanilla': 'steps 0-1'" in code[1].outputs[-1]["data"]["text/plain"]
     assert [images(c) for c in code[2:]] == [1] * (len(code) - 2)  # one figure per plotting cell
-    assert (tiny_runs["specroll"] / "run_curves.png").stat().st_size > 0
+    assert (tiny_runs["speculation"] / "run_curves.png").stat().st_size > 0
 
 
 def test_compare_runs_top_to_bottom_on_a_comparison_of_tiny_runs(tiny_runs, tmp_path):
@@ -98,6 +98,6 @@ def test_compare_runs_top_to_bottom_on_a_comparison_of_tiny_runs(tiny_runs, tmp_
     notebook = execute("compare", SPECROLL_COMPARISON=str(path))
     code = [c for c in notebook.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code)
-    assert "{'tiny / synthetic': ['vanilla', 'specroll-static']}" in code[1].outputs[-1]["data"]["text/plain"]
-    assert "| specroll-static | 2 |" in code[2].outputs[-1]["data"]["text/markdown"]
+    assert "{'tiny / synthetic': ['vanilla', 'speculation-static']}" in code[1].outputs[-1]["data"]["text/plain"]
+    assert "| speculation-static | 2 |" in code[2].outputs[-1]["data"]["text/markdown"]
     assert [images(c) for c in code[3:]] == [1, 1, 1, 1]  # one race: tokens per pass, trace, speedup, run panels

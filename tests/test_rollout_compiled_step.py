@@ -15,8 +15,9 @@ from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.rollout import engine as engine_module
 from specroll.rollout.compiled_step import StepFunction, graphs_compiled
 from specroll.rollout.engine import batch_bucket, cache_shape, decode_one_token, span_bucket
-from specroll.spec import SpecConfig, tree_gate
-from specroll.spec.profile import HardwareProfile
+from specroll.speculation import SpeculationConfig
+from specroll.speculation.budgets import tree_gate
+from specroll.speculation.budgets.profile import HardwareProfile
 
 EOS_IDS = [1, 2, 3]
 PROMPTS = [[5, 9, 13], [7, 8, 20, 21, 22, 23, 24, 25], [30, 31]]
@@ -95,7 +96,7 @@ def test_a_decode_step_reads_nothing_on_the_host(model):
     plain steps and (`sync_free_trees`) tree steps sized on the host (fixed and concurrency
     budgets). Tree steps that read, the CPU default, are the control that shows the count sees reads."""
     def spec(**fields):
-        return RolloutEngine(model, spec=SpecConfig(heads_path=None, **fields), sync_every=1000)
+        return RolloutEngine(model, spec=SpeculationConfig(heads_path=None, **fields), sync_every=1000)
 
     engines = {"plain": RolloutEngine(model, sync_every=1000), "one-node spec": spec(budget="fixed", fixed_nodes=1),
                "fixed trees": spec(budget="fixed", fixed_nodes=4, sync_free_trees=True),
@@ -111,7 +112,7 @@ def test_the_tree_gate_reads_its_counts_once_per_read_period(model, tmp_path, mo
     """Sync-free trees sized by a measured capacity read the gate's counts every READ_EVERY
     tree steps (and once when the call ends), not every step."""
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
-    engine = RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="concurrency", max_nodes=8,
+    engine = RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="concurrency", max_nodes=8,
                                                   profile_cache_len=32, sync_free_trees=True), sync_every=1000)
     decoder = engine.decoder
     # Trees half a plain step's cost: they pay whatever they emit, so every step is a tree.
@@ -127,7 +128,7 @@ def test_sync_free_tree_steps_generate_and_count_what_reading_every_step_does(mo
     """Tree steps with finished rows left in the batch between reads emit the same responses,
     and count the same tokens per pass, as tree steps on a batch compacted before every step."""
     params = SamplingParams(max_new_tokens=30, n=4, seed=3)
-    outs = [RolloutEngine(model, spec=SpecConfig(heads_path=None, budget="fixed", fixed_nodes=4, sync_free_trees=mode),
+    outs = [RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=4, sync_free_trees=mode),
                           sync_every=1000).generate(PROMPTS, params) for mode in (False, True)]
     assert outs[0].token_ids == outs[1].token_ids
     assert outs[0].finish_reasons == outs[1].finish_reasons
@@ -145,7 +146,7 @@ def test_sync_free_trees_below_their_bucket_emit_what_reading_steps_do(model, fi
     """A sync-free tree of 3 or 6 nodes drafts for its 4- or 8-node bucket and keeps its best
     drafts: responses stay the reading steps' token for token (the lookup chain, drafted deeper,
     may choose other trees, so the acceptance statistics may differ)."""
-    spec = partial(SpecConfig, heads_path=None, budget="fixed", fixed_nodes=fixed_nodes, max_nodes=8)
+    spec = partial(SpeculationConfig, heads_path=None, budget="fixed", fixed_nodes=fixed_nodes, max_nodes=8)
     for params in (SamplingParams(temperature=0.0, max_new_tokens=30, n=2), SamplingParams(max_new_tokens=30, n=4, seed=5)):
         reading, sync_free = (RolloutEngine(model, spec=spec(sync_free_trees=mode)).generate(PROMPTS, params)
                               for mode in (False, True))
@@ -223,7 +224,7 @@ def test_compiled_verify_forward_generates_what_the_eager_one_does(model, sync_f
     """The speculative engine with compiled steps (tree verify forwards padded to node-count
     buckets, and the plain step), with tree steps that read and that do not (finished rows
     riding along, as on GPUs): greedy outputs identical to eager."""
-    spec = SpecConfig(heads_path=None, budget="fixed", fixed_nodes=6, max_nodes=8, sync_free_trees=sync_free_trees)
+    spec = SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=6, max_nodes=8, sync_free_trees=sync_free_trees)
     params = SamplingParams(temperature=0.0, max_new_tokens=20, n=2)
     eager = RolloutEngine(model, spec=spec).generate(PROMPTS, params)
     compiled = RolloutEngine(model, spec=spec, compile=True).generate(PROMPTS, params)
@@ -239,7 +240,7 @@ def test_a_compiled_decoder_compiles_up_front_what_it_runs(model, tmp_path, monk
     and judged at every node bucket and budget the concurrency budget gives. So does a decoder
     that finds the profile cached."""
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
-    spec = SpecConfig(heads_path=None, budget="concurrency", max_nodes=8, profile_cache_len=32,
+    spec = SpeculationConfig(heads_path=None, budget="concurrency", max_nodes=8, profile_cache_len=32,
                       sync_free_trees=sync_free_trees)
     for _ in ("measures the profile", "finds it cached"):
         engine = RolloutEngine(model, spec=spec, compile=True)
@@ -258,7 +259,7 @@ def test_compiled_tree_steps_sized_on_the_host_generate_what_eager_ones_do(model
     GPUs), under a concurrency budget whose trees change size as rows finish, after plain steps
     while many rows are live (on a GPU, drafting then reads a plain step's CUDA-graph output): greedy
     and sampled responses identical to eager, and so are the statistics the decoder counts."""
-    spec = SpecConfig(heads_path=None, budget="concurrency", capacity=16, max_nodes=8, sync_free_trees=True)
+    spec = SpeculationConfig(heads_path=None, budget="concurrency", capacity=16, max_nodes=8, sync_free_trees=True)
     eager, compiled = RolloutEngine(model, spec=spec, sync_every=4), RolloutEngine(model, spec=spec, compile=True, sync_every=4)
     for params in (SamplingParams(temperature=0.0, max_new_tokens=24, n=3), SamplingParams(max_new_tokens=24, n=3, seed=3)):
         a, b = eager.generate(PROMPTS, params), compiled.generate(PROMPTS, params)
@@ -274,7 +275,7 @@ def lone_rows(engine: RolloutEngine, params: SamplingParams):
     return merge([engine.generate([p], params, prompt_keys=[i]) for i, p in enumerate(PROMPTS)])
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(heads_path=None, budget="fixed", fixed_nodes=4, sync_free_trees=True)])
+@pytest.mark.parametrize("spec", [None, SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=4, sync_free_trees=True)])
 def test_a_lone_response_beside_a_finished_row_comes_out_as_alone(model, spec):
     """On a GPU a compiled engine keeps two rows (`compiled_min_rows`): a lone response runs
     beside a finished copy of itself, which emits nothing and is dropped from the output."""
@@ -313,7 +314,7 @@ def test_a_decoder_kept_at_two_rows_compiles_no_one_row_graphs_up_front(model, m
     monkeypatch.setattr(engine_module, "compiled_min_rows", lambda compiled_on_cuda: 2)
     torch._dynamo.reset()
     before = graphs_compiled()
-    spec = SpecConfig(heads_path=None, budget="concurrency", capacity=16, max_nodes=8, sync_free_trees=True)
+    spec = SpeculationConfig(heads_path=None, budget="concurrency", capacity=16, max_nodes=8, sync_free_trees=True)
     engine = RolloutEngine(model, spec=spec, compile=True, sync_every=2)
     assert engine.decoder.min_rows == 2 and graphs_compiled() - before == 6
     engine.decoder.compile_stats()

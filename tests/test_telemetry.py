@@ -11,7 +11,7 @@ from specroll.configs import LoggerSection
 from specroll.learner.grpo_learner import MetricSums
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.spec import SpecConfig
+from specroll.speculation import SpeculationConfig
 from specroll.telemetry import (
     MetricsLogger,
     StepProgress,
@@ -34,9 +34,9 @@ def test_namespace_defines_every_family_and_rejects_other_names():
     families = {name.split("/")[0] for name in metric_names.METRICS}
     assert families == set(metric_names.FAMILIES)
     assert all(metric_names.METRICS.values())
-    for name in ("train/loss", "spec/tokens_per_step", "timing_s/head_sync", "heads/version", acceptance_depth(12)):
+    for name in ("train/loss", "speculation/tokens_per_step", "timing_s/head_sync", "heads/version", acceptance_depth(12)):
         check_metric_name(name)
-    for name in ("train/los", "reward", "eval/accuracy", "spec/acceptance_depth_0", "spec/acceptance_depth_x", "rollout/"):
+    for name in ("train/los", "reward", "eval/accuracy", "speculation/acceptance_depth_0", "speculation/acceptance_depth_x", "rollout/"):
         with pytest.raises(ValueError, match="not in the namespace"):
             check_metric_name(name)
     with pytest.raises(ValueError, match="did you mean train/loss"):
@@ -60,16 +60,16 @@ def test_summary_of_two_actors_by_hand():
     out = summarize_rollout_stats([a, b], head_version=7)
     assert out == pytest.approx({
         "perf/gen_tokens_per_s": 40 / 4.0,  # actors run in parallel: the slowest sets the pace
-        "spec/active_rows_mean": 3.0,
-        "spec/head_version": 7.0,
-        "spec/verify_steps": 3.0,
-        "spec/tokens_per_step": (2 * 1 + 4 * 3 + 2 * 2) / 8,
-        "spec/drafted_tokens_per_step": 10 / 4,  # only the passes that drafted a tree
-        "spec/node_budget_mean": 6.0,
-        "spec/acceptance_depth_1": (0.5 * 6 + 1.0 * 2) / 8,
-        "spec/acceptance_depth_2": (0.25 * 6 + 0.0 * 2) / 8,
-        "spec/draft_time_frac": 1.0 / 5.0,
-        "spec/lookup_token_share": (0.5 * 6 + 0.0 * 2) / 8,
+        "speculation/active_rows_mean": 3.0,
+        "speculation/head_version": 7.0,
+        "speculation/verify_steps": 3.0,
+        "speculation/tokens_per_step": (2 * 1 + 4 * 3 + 2 * 2) / 8,
+        "speculation/drafted_tokens_per_step": 10 / 4,  # only the passes that drafted a tree
+        "speculation/node_budget_mean": 6.0,
+        "speculation/acceptance_depth_1": (0.5 * 6 + 1.0 * 2) / 8,
+        "speculation/acceptance_depth_2": (0.25 * 6 + 0.0 * 2) / 8,
+        "speculation/draft_time_frac": 1.0 / 5.0,
+        "speculation/lookup_token_share": (0.5 * 6 + 0.0 * 2) / 8,
     })
 
 
@@ -78,14 +78,14 @@ def test_summaries_of_real_vanilla_and_speculative_rollouts():
     prompts = [[3, 4, 5], [6, 7]]
     params = SamplingParams(max_new_tokens=12, n=2, seed=1)
     vanilla = summarize_rollout_stats(RolloutEngine(model).generate(prompts, params).stats)
-    assert set(vanilla) == {"perf/gen_tokens_per_s", "spec/active_rows_mean"}
-    spec_cfg = SpecConfig(num_heads=3, budget="fixed", fixed_nodes=4, max_nodes=4)
+    assert set(vanilla) == {"perf/gen_tokens_per_s", "speculation/active_rows_mean"}
+    spec_cfg = SpeculationConfig(num_heads=3, budget="fixed", fixed_nodes=4, max_nodes=4)
     out = summarize_rollout_stats(RolloutEngine(model, spec=spec_cfg).generate(prompts, params).stats, head_version=0)
-    assert out["spec/node_budget_mean"] == 4.0
-    assert 1.0 <= out["spec/tokens_per_step"] <= 4.0
-    assert out["spec/drafted_tokens_per_step"] == pytest.approx(out["spec/tokens_per_step"])  # every pass drafted
-    assert [name for name in out if name.startswith("spec/acceptance_depth_")] == [acceptance_depth(d) for d in (1, 2, 3)]
-    assert out["perf/gen_tokens_per_s"] > 0 and 0 < out["spec/draft_time_frac"] < 1
+    assert out["speculation/node_budget_mean"] == 4.0
+    assert 1.0 <= out["speculation/tokens_per_step"] <= 4.0
+    assert out["speculation/drafted_tokens_per_step"] == pytest.approx(out["speculation/tokens_per_step"])  # every pass drafted
+    assert [name for name in out if name.startswith("speculation/acceptance_depth_")] == [acceptance_depth(d) for d in (1, 2, 3)]
+    assert out["perf/gen_tokens_per_s"] > 0 and 0 < out["speculation/draft_time_frac"] < 1
     for name in out:
         check_metric_name(name)
 

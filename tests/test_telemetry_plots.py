@@ -5,9 +5,8 @@ import pytest
 
 from specroll.benchmarks.comparison import Comparison, ConcurrencyPoint, ModeRun, RolloutTrace, load_comparison
 from specroll.configs import LoggerSection
-from specroll.telemetry import MetricsLogger
+from specroll.telemetry import MetricsLogger, plots
 from specroll.telemetry import metric_names as m
-from specroll.telemetry import plots
 from specroll.telemetry.history import RunHistory, read_run, read_runs
 from specroll.telemetry.run_summary import acceptance_by_depth
 
@@ -41,12 +40,22 @@ def test_a_run_reads_back_as_logged(tmp_path):
     assert run.series(m.ACCURACY) == ([], [])
     assert acceptance_by_depth(run) == pytest.approx([(0.6 * 10 + 0.8 * 30) / 40, (0.2 * 10 + 0.4 * 30) / 40])
     with pytest.raises(ValueError, match="not in the namespace"):
-        run.series("spec/tokens")
+        run.series("speculation/tokens")
     # A line cut short by a crash is left out, as the sink does on resume.
     with (tmp_path / "spec" / "metrics.jsonl").open("a") as f:
         f.write('{"step": 2, "perf/st')
     assert read_run(tmp_path / "spec").steps == [0, 1]
     assert [r.name for r in read_runs({"a": tmp_path / "spec", "b": tmp_path / "spec" / "metrics.jsonl"})] == ["a", "b"]
+
+
+def test_a_run_logged_under_a_renamed_family_reads_under_todays_names(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "spec/tokens_per_step": 1.5, "spec/acceptance_depth_2": 0.25}) + "\n"
+        + json.dumps({"step": 1, m.TOKENS_PER_STEP: 1.75}) + "\n")
+    run = read_run(tmp_path)
+    assert run.series(m.TOKENS_PER_STEP) == ([0, 1], [1.5, 1.75])
+    assert run.series(m.acceptance_depth(2)) == ([0], [0.25])
+    assert m.current_name("speculation/verify_steps") == "speculation/verify_steps"
 
 
 def test_a_run_with_unknown_names_or_no_metrics_is_refused(tmp_path):
@@ -80,7 +89,7 @@ def test_run_curves_draw_every_panel_and_say_what_is_missing(tmp_path):
     assert list(acceptance.get_xdata()) == [1, 2] and list(acceptance.get_ydata()) == pytest.approx([0.75, 0.35])
     vanilla_only = plots.plot_run_panel([vanilla], "heads")
     assert [t.get_text() for t in vanilla_only.axes[0].texts] == [
-        "no spec/head_version or heads/version or heads/updates in these runs"]
+        "no speculation/head_version or heads/version or heads/updates in these runs"]
     with pytest.raises(ValueError, match="unknown panel 'speed'; panels: throughput"):
         plots.plot_run_panel([vanilla], "speed")
 
@@ -90,11 +99,11 @@ def comparison(tmp_path) -> Comparison:
     race = "tiny / synthetic"
     return Comparison(
         modes=[ModeRun(race, "vanilla", "vanilla", [{"step": 0, m.STEP_TIME_S: 2.5}, {"step": 1, m.STEP_TIME_S: 2.6}]),
-               ModeRun(race, "specroll-both", "specroll", steps, "both", RolloutTrace([8, 8, 5, 2], [2, 2, 3, 8]),
+               ModeRun(race, "speculation-both", "speculation", steps, "both", RolloutTrace([8, 8, 5, 2], [2, 2, 3, 8]),
                        {"gen_s": 1.5}),
                ModeRun("other", "vanilla", "vanilla", [])],
-        concurrency=[ConcurrencyPoint(race, "specroll-both", 8, 1.3), ConcurrencyPoint(race, "specroll-both", 1, 1.6),
-                     ConcurrencyPoint("other", "specroll-both", 1, 1.1)],
+        concurrency=[ConcurrencyPoint(race, "speculation-both", 8, 1.3), ConcurrencyPoint(race, "speculation-both", 1, 1.6),
+                     ConcurrencyPoint("other", "speculation-both", 1, 1.1)],
         settings={"seed": 0},
     )
 
@@ -104,8 +113,8 @@ def test_a_comparison_round_trips_through_its_json_and_feeds_the_plots(tmp_path)
     assert loaded == comparison(tmp_path)
     race = "tiny / synthetic"
     assert loaded.races() == [race, "other"]
-    assert loaded.series(race, m.TOKENS_PER_STEP) == {"specroll-both": [1.5, 1.7]}
-    assert loaded.speedups(race) == {"specroll-both": [(1, 1.6), (8, 1.3)]}
+    assert loaded.series(race, m.TOKENS_PER_STEP) == {"speculation-both": [1.5, 1.7]}
+    assert loaded.speedups(race) == {"speculation-both": [(1, 1.6), (8, 1.3)]}
     fig = plots.plot_tokens_per_pass(loaded.series(race, m.TOKENS_PER_STEP))
     assert list(fig.axes[0].get_lines()[0].get_ydata()) == [1.5, 1.7]
     fig = plots.plot_budget_trace(loaded.traces(race), tmp_path / "trace.png")

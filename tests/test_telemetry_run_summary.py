@@ -5,14 +5,14 @@ from specroll.telemetry.history import RunHistory
 from specroll.telemetry.run_summary import first_and_last, format_summary, summary_rows, time_shares, weighted_mean
 
 ROWS = [
-    {"step": 0, "spec/verify_steps": 10.0, "spec/tokens_per_step": 1.0, "spec/node_budget_mean": 1.0,
-     "spec/acceptance_depth_1": 0.0, "perf/gen_tokens_per_s": 10.0, "rollout/reward_mean": 0.0,
+    {"step": 0, "speculation/verify_steps": 10.0, "speculation/tokens_per_step": 1.0, "speculation/node_budget_mean": 1.0,
+     "speculation/acceptance_depth_1": 0.0, "perf/gen_tokens_per_s": 10.0, "rollout/reward_mean": 0.0,
      "perf/step_time_s": 10.0, "timing_s/gen": 4.0, "timing_s/update": 5.0},
-    {"step": 1, "spec/verify_steps": 30.0, "spec/tokens_per_step": 1.5, "spec/drafted_tokens_per_step": 2.0,
-     "spec/node_budget_mean": 3.0, "spec/acceptance_depth_1": 0.6, "spec/acceptance_depth_2": 0.3,
+    {"step": 1, "speculation/verify_steps": 30.0, "speculation/tokens_per_step": 1.5, "speculation/drafted_tokens_per_step": 2.0,
+     "speculation/node_budget_mean": 3.0, "speculation/acceptance_depth_1": 0.6, "speculation/acceptance_depth_2": 0.3,
      "perf/gen_tokens_per_s": 20.0, "rollout/reward_mean": 0.5, "perf/step_time_s": 10.0,
      "timing_s/gen": 3.0, "timing_s/update": 6.0},
-    {"step": 2, "spec/verify_steps": 10.0, "spec/tokens_per_step": 1.0, "spec/node_budget_mean": 1.0,
+    {"step": 2, "speculation/verify_steps": 10.0, "speculation/tokens_per_step": 1.0, "speculation/node_budget_mean": 1.0,
      "perf/gen_tokens_per_s": 30.0, "rollout/reward_mean": 1.0, "perf/step_time_s": 20.0,
      "timing_s/gen": 5.0, "timing_s/update": 10.0},
 ]
@@ -20,8 +20,8 @@ ROWS = [
 
 def test_pieces_by_hand():
     run = RunHistory("r", ROWS)
-    assert weighted_mean(run, "spec/tokens_per_step", "spec/verify_steps") == pytest.approx((10 + 45 + 10) / 50)
-    assert weighted_mean(run, "spec/drafted_tokens_per_step", "spec/verify_steps") == 2.0  # the one step that drafted
+    assert weighted_mean(run, "speculation/tokens_per_step", "speculation/verify_steps") == pytest.approx((10 + 45 + 10) / 50)
+    assert weighted_mean(run, "speculation/drafted_tokens_per_step", "speculation/verify_steps") == 2.0  # the one step that drafted
     assert first_and_last([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]) == (1.5, 7.5)  # quarters
     assert first_and_last([4.0]) == (4.0, 4.0)
     shares = time_shares(run)

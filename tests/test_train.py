@@ -72,7 +72,7 @@ def test_a_killed_rollout_actor_is_named_and_resume_auto_continues(ray_cluster, 
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert [r["train/policy_version"] for r in rows] == [1, 2, 3]
     assert [r["rollout/policy_version"] for r in rows] == [0, 1, 2]
-    assert all(r["timing_s/checkpoint"] > 0 and r["spec/head_version"] == 0 for r in rows)
+    assert all(r["timing_s/checkpoint"] > 0 and r["speculation/head_version"] == 0 for r in rows)
     # One W&B run: the resumed process wrote into the run the first one started.
     runs = sorted((Path(cfg.run_dir) / "wandb").glob(f"offline-run-*-{summary['wandb_run_id']}"))
     assert len(runs) == 2 and summary["wandb_dir"] in map(str, runs)
@@ -86,7 +86,7 @@ def test_hydra_overrides_change_what_runs(ray_cluster, tmp_path):
     rows = read_jsonl(summary["metrics_file"])
     assert [r["step"] for r in rows] == [0, 1]
     assert all(r["rollout/response_length_max"] <= 8 for r in rows)
-    assert not any(name.startswith(("spec/tokens", "heads/")) for r in rows for name in r)  # vanilla decoding
+    assert not any(name.startswith(("speculation/tokens", "heads/")) for r in rows for name in r)  # vanilla decoding
     assert all(r["train/num_sequences"] == 4 for r in rows)  # both learner ranks' shares
     # Overlap: step 1 was generated with the weights of before step 0's update.
     assert [r["rollout/policy_version"] for r in rows] == [0, 0]
@@ -116,7 +116,7 @@ def test_invalid_configs_fail_before_anything_starts(tmp_path):
 def test_limits_of_the_model_fail_at_actor_start_naming_the_field(ray_cluster, tmp_path):
     cfg = config(tmp_path, ["rollout.max_new_tokens=253", "learner.max_response_len=254"])
     with pytest.raises(ActorFailedError, match=r"rollout actor 0 died during start-up.*rollout.max_new_tokens \(253\) "
-                                               r"\+ rollout.spec.max_nodes \(4\) = 257 exceeds"):
+                                               r"\+ rollout.speculation.max_nodes \(4\) = 257 exceeds"):
         run_training(cfg)
 
 
@@ -179,8 +179,8 @@ def test_a_dead_actor_is_reported_as_its_message(monkeypatch):
 # Records every step. On the smoke run's random, near-uniform policy an update has nothing to
 # learn, so whether held-out responses keep it is chance: publishing a kept update to every
 # rollout actor is tested in test_actors.py; here, that every actor holds what was published.
-SLOW = ["cluster.num_rollout_actors=2", "data.prompts_per_step=4", "rollout.spec.consolidation.lr=1e-4",
-        "rollout.spec.drift.calibration_steps=2", "rollout.spec.drift.min_records=1"]
+SLOW = ["cluster.num_rollout_actors=2", "data.prompts_per_step=4", "rollout.speculation.consolidation.lr=1e-4",
+        "rollout.speculation.drift.calibration_steps=2", "rollout.speculation.drift.min_records=1"]
 
 
 def test_head_updates_reach_the_rollout_actors_and_resume_keeps_the_detector(ray_cluster, tmp_path):
@@ -191,7 +191,7 @@ def test_head_updates_reach_the_rollout_actors_and_resume_keeps_the_detector(ray
     def heads_held(step, metrics, actors):
         seen.append((metrics, [v["heads"] for v in actors.rollout_call("versions")]))
 
-    run_training(config(tmp_path, [*SLOW, "rollout.spec.adaptation=every_step", "total_steps=2"]), on_step_end=heads_held)
+    run_training(config(tmp_path, [*SLOW, "rollout.speculation.adaptation=every_step", "total_steps=2"]), on_step_end=heads_held)
     (first, held_after_0), (second, held_after_1) = seen
     assert [first[m.HEADS_UPDATES], second[m.HEADS_UPDATES]] == [1, 2]  # one update each step
     # Every rollout actor holds what the consolidation actor published, and the next step drafts with it.
@@ -203,7 +203,7 @@ def test_head_updates_reach_the_rollout_actors_and_resume_keeps_the_detector(ray
     saved = torch.load(latest_checkpoint(Path(tmp_path / "run" / "checkpoints")) / "heads.pt", weights_only=True)
     assert saved["version"] == second[m.HEADS_VERSION] and saved["consolidation"]["detector"]["step"] == 2
     seen.clear()
-    run_training(config(tmp_path, [*SLOW, "rollout.spec.adaptation=every_step", "total_steps=3"]), on_step_end=heads_held)
+    run_training(config(tmp_path, [*SLOW, "rollout.speculation.adaptation=every_step", "total_steps=3"]), on_step_end=heads_held)
     (third, _), = seen
     resumed = torch.load(latest_checkpoint(Path(tmp_path / "run" / "checkpoints")) / "heads.pt", weights_only=True)
     detector, before = resumed["consolidation"]["detector"], saved["consolidation"]["detector"]
@@ -217,7 +217,7 @@ def test_head_updates_reach_the_rollout_actors_and_resume_keeps_the_detector(ray
 
 def test_slow_mode_without_a_trigger_keeps_the_heads(ray_cluster, tmp_path):
     seen = []
-    run_training(config(tmp_path, [*SLOW, "rollout.spec.adaptation=slow", "total_steps=2"]),
+    run_training(config(tmp_path, [*SLOW, "rollout.speculation.adaptation=slow", "total_steps=2"]),
                  on_step_end=lambda step, metrics, actors: seen.append(metrics))
     assert [s[m.HEADS_VERSION] for s in seen] == [0, 0] and [s[m.HEADS_UPDATES] for s in seen] == [0, 0]
     assert seen[-1][m.HEADS_REPLAY_RECORDS] > 0 and seen[-1][m.HEADS_DRIFT_TRIGGERS] == 0
@@ -227,7 +227,7 @@ def test_the_quickstart_preset_ends_with_its_table_and_curves(ray_cluster, tmp_p
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = load_train_config(compose("config", overrides=[
             "experiment=quickstart", "model=tiny", "logger=none", f"run_dir={tmp_path / 'run'}",
-            "learner.max_seq_len=256", "rollout.spec.budget=fixed", "checkpoint_every=0", "total_steps=2"]))
+            "learner.max_seq_len=256", "rollout.speculation.budget=fixed", "checkpoint_every=0", "total_steps=2"]))
     summary = run_training(cfg)
     png = Path(summary["curves_file"])
     assert png.parent == tmp_path / "run" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

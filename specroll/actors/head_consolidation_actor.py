@@ -2,9 +2,9 @@
 
 Rollout actors send it one `DriftRecord` per step without waiting. It holds the heads every
 rollout actor should draft with, and a new version reaches all of them through one object in
-the object store. With a slow-path adaptation (`rollout.spec.adaptation` slow, both or
+the object store. With a slow-path adaptation (`rollout.speculation.adaptation` slow, both or
 every_step) the driver hands it each step's head telemetry and matured records
-(`consolidate`), which it gives to a `HeadConsolidator` (spec/consolidation.py): drift
+(`consolidate`), which it gives to a `HeadConsolidator` (speculation/adaptation/consolidation.py): drift
 detection and, when triggered, a head-only update on the current policy's frozen LM head and
 embeddings, broadcast as a new head version when held-out records confirm it. The driver calls
 `consolidate` before the learner's update and collects its report after, so the update
@@ -21,10 +21,10 @@ import ray
 import torch
 
 from specroll.models.flat_weights import FlatWeights
-from specroll.spec import HorizonHeads, SpecConfig
-from specroll.spec.consolidation import HeadConsolidator
-from specroll.spec.drift import HeadTelemetry, merge_telemetry
-from specroll.spec.replay import MaturedRecords, cat_records
+from specroll.speculation import HorizonHeads, SpeculationConfig
+from specroll.speculation.adaptation.consolidation import HeadConsolidator
+from specroll.speculation.adaptation.drift import HeadTelemetry, merge_telemetry
+from specroll.speculation.adaptation.replay import MaturedRecords, cat_records
 from specroll.telemetry import metric_names as m
 
 from .placement import actor_device
@@ -87,7 +87,7 @@ class HeadConsolidationActor:
     answer), so its waiting on them for a broadcast cannot deadlock.
     """
 
-    def __init__(self, timeout_s: float, spec: SpecConfig | None = None, history_size: int = HISTORY_SIZE) -> None:
+    def __init__(self, timeout_s: float, spec: SpeculationConfig | None = None, history_size: int = HISTORY_SIZE) -> None:
         self.timeout_s = timeout_s
         self.spec = spec if spec is not None and spec.uses_slow_path else None
         self.records: deque[DriftRecord] = deque(maxlen=history_size)
@@ -121,7 +121,7 @@ class HeadConsolidationActor:
         self.meta = dict(heads.get("meta") or self.meta or {})
         if self.spec is not None:
             built = HorizonHeads.from_state({**self.meta, "version": self.version}, self.state)
-            self.consolidator = HeadConsolidator(built, self.spec.adaptation, self.spec.drift, self.spec.consolidation)
+            self.consolidator = HeadConsolidator(built, self.spec.adaptation, self.speculation.adaptation.drift, self.speculation.adaptation.consolidation)
             if heads.get("consolidation") is not None:
                 self.consolidator.load_state_dict(heads["consolidation"])
         self.broadcast()
@@ -161,7 +161,7 @@ class HeadConsolidationActor:
         """One step's telemetry and records from every rollout actor: drift check, and an update
         of the named heads when one is due; a kept update is broadcast before this returns."""
         if self.consolidator is None or self.policy is None:
-            raise ValueError("consolidate needs rollout.spec.adaptation with a slow path, initial heads and a policy")
+            raise ValueError("consolidate needs rollout.speculation.adaptation with a slow path, initial heads and a policy")
         version, lm_head, embed = self.policy
         telemetry = merge_telemetry([t for t, _ in parts])
         kept = [r for _, r in parts if r is not None and len(r)]

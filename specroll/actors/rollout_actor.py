@@ -22,7 +22,7 @@ from specroll.fastgrpo.online import OnlineDrafterLearner
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
 from specroll.models.flat_weights import FlatWeights
 from specroll.rollout import RolloutEngine
-from specroll.spec import HorizonHeads
+from specroll.speculation import HorizonHeads
 
 from .batch import Rollouts, prompt_key
 from .head_consolidation_actor import DriftRecord
@@ -58,7 +58,7 @@ class RolloutActor:
 
     @property
     def heads(self) -> HorizonHeads | None:
-        return self.engine.decoder.heads if self.cfg.rollout.speculation is not None else None
+        return self.engine.decoder.heads if self.cfg.rollout.speculates else None
 
     def versions(self) -> dict[str, int | None]:
         """`{"policy": ..., "heads": ...}`: the versions this replica generates with (None: none yet / vanilla)."""

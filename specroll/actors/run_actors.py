@@ -53,7 +53,7 @@ class RunActors:
     def start(cls, cfg: TrainConfig) -> "RunActors":
         """Create the actors with the resources of `cfg.cluster` and wait until all are ready."""
         c = cfg.cluster
-        spec = cfg.rollout.speculation
+        spec = cfg.rollout.speculation if cfg.rollout.speculates else None
         # Its head updates overlap the learner's: no CPU reserved, a GPU (share) where configured.
         consolidation = (as_remote(HeadConsolidationActor, 0, c.gpus_per_consolidation_actor).remote(
             c.remote_timeout_s, spec) if spec is not None else None)
@@ -120,8 +120,7 @@ class RunActors:
 
     @property
     def slow_path(self) -> bool:
-        spec = self.cfg.rollout.speculation
-        return spec is not None and spec.uses_slow_path
+        return self.cfg.rollout.speculates and self.cfg.rollout.speculation.uses_slow_path
 
     def start_consolidation(self, rollouts: Rollouts):
         """Hand the step's head telemetry and records to the consolidation actor; its drift check

@@ -5,13 +5,13 @@ mode, all modes on the same prompts and seeds. The policy is A for the first `--
 rounds (the drift detector calibrates there, and the heads, trained for A, fit) and B after
 (the drift), swapped in place as a rollout actor's `load_policy` does, so every decoder's
 state carries over as in a training run. Modes: static, reflex, slow, both, every_step
-(`rollout.spec.adaptation`), plus plain decoding on the same prompts for the speed ratio, and
+(`rollout.speculation.adaptation`), plus plain decoding on the same prompts for the speed ratio, and
 with `--heads-b` a ceiling: static heads that switch at the drift to heads fit for B, so the
 table shows how much of the drift's cost each mode wins back.
 Slow-path modes hand each round's records to their own `HeadConsolidator` after the round
 and draft with committed heads from the next round on. The update runs between rounds here;
 in a training run it overlaps the learner, so its seconds are reported apart, not in generation time.
-Every mode samples plain decoding's responses for the same seed (spec/verify.py), so the modes
+Every mode samples plain decoding's responses for the same seed (speculation/verification/verify.py), so the modes
 differ only in what they drafted for the same responses; the share of responses identical to
 vanilla's is checked and printed (a float rounding flip may fork a response).
 
@@ -38,15 +38,16 @@ from pathlib import Path
 
 import torch
 
+from specroll.speculation import DriftConfig, HorizonHeads, SpeculationConfig, shipped_heads
+from specroll.speculation.adaptation.consolidation import ConsolidationConfig, HeadConsolidator
+from specroll.speculation.adaptation.drift import DRIFT_SIGNALS
+from specroll.speculation.adaptation.head_records import RECORD_NODES
+from specroll.speculation.adaptation.reflex import REFLEX_MODES, ReflexConfig
+from specroll.speculation.config import ADAPTATION_MODES
+from specroll.speculation.drafting.heads import model_fingerprint
+
 from ..models import build_tiny_model, load_causal_lm, synchronize
 from ..rollout import RolloutEngine, SamplingParams
-from ..spec import DriftConfig, HorizonHeads, SpecConfig, shipped_heads
-from ..spec.config import ADAPTATION_MODES
-from ..spec.consolidation import ConsolidationConfig, HeadConsolidator
-from ..spec.drift import DRIFT_SIGNALS
-from ..spec.head_records import RECORD_NODES
-from ..spec.heads import model_fingerprint
-from ..spec.reflex import REFLEX_MODES, ReflexConfig
 from .engine_vs_hf import load_prompts
 from .grpo_steps import GSM8K_TRAIN
 
@@ -140,8 +141,8 @@ def tiny_scenario(args) -> Scenario:
 
 def tiny_heads(model, prompts: list[list[int]], positions: int = 2000, epochs: int = 3) -> HorizonHeads:
     """Path heads trained here on the tiny model's own samples for `prompts`."""
-    from ..spec.head_samples import SampleConfig, collect_samples
-    from ..spec.train_heads import HeadTrainConfig, train_heads
+    from specroll.speculation.head_training.samples import SampleConfig, collect_samples
+    from specroll.speculation.head_training.training import HeadTrainConfig, train_heads
 
     heads = HorizonHeads.for_model(model, "path", 4)
     with tempfile.TemporaryDirectory() as cache:
@@ -172,7 +173,7 @@ def build_arms(scenario: Scenario, args) -> list[Arm]:
     modes = args.modes + ([CEILING] if scenario.heads_b is not None else [])
     for mode in modes:
         heads = scenario.heads
-        spec = SpecConfig(head_type=heads.head_type, num_heads=heads.num_heads, heads_path=None, budget=args.budget,
+        spec = SpeculationConfig(head_type=heads.head_type, num_heads=heads.num_heads, heads_path=None, budget=args.budget,
                           fixed_nodes=args.nodes, max_nodes=max(args.max_nodes, args.nodes),
                           adaptation="static" if mode == CEILING else mode,
                           reflex=ReflexConfig(mode=args.reflex_mode, scale=args.reflex_scale),
@@ -461,9 +462,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="detector: acceptance drop from the baseline a degraded head also needs")
     ap.add_argument("--drift-signal", default=DriftConfig.signal, choices=DRIFT_SIGNALS,
                     help="detector: the z a degraded head needs, of TV or of the acceptance drop")
-    ap.add_argument("--records-per-rollout", type=int, default=SpecConfig.records_per_rollout, help="record sample a generate call sends")
+    ap.add_argument("--records-per-rollout", type=int, default=SpeculationConfig.records_per_rollout, help="record sample a generate call sends")
     ap.add_argument("--record-nodes", default="path", choices=RECORD_NODES,
-                    help="records from the accepted path or every verified node (spec.record_nodes)")
+                    help="records from the accepted path or every verified node (speculation.record_nodes)")
     ap.add_argument("--head-lr", type=float, default=ConsolidationConfig.lr, help="consolidation AdamW lr")
     ap.add_argument("--head-steps", type=int, default=ConsolidationConfig.steps, help="consolidation optimiser steps per update")
     ap.add_argument("--replay-capacity", type=int, default=ConsolidationConfig.replay_capacity,

@@ -3,7 +3,7 @@
 For each race (a policy and a prompt set) the real driver (`specroll.train.run_training`: Ray
 actors, DeepSpeed learner) runs a few GRPO steps once per mode, with the same prompts, seeds,
 policy and sampling settings: `rollout=vanilla`, `rollout=fastgrpo` (its drafter learns online
-inside every step), and `rollout=specroll` with each `rollout.spec.adaptation`. Then, engine
+inside every step), and `rollout=speculation` with each `rollout.speculation.adaptation`. Then, engine
 only, generation speed at fixed concurrency. Out: a markdown table (generation and step time,
 ratios to vanilla and to FastGRPO, tokens per verify pass, acceptance by depth, drafter updates,
 rewards with tests that the modes' rewards are indistinguishable), the paper's GPU figures in
@@ -11,12 +11,12 @@ their own labelled table, the JSON of `benchmarks.comparison.Comparison` (--json
 
     python -m specroll.benchmarks.compare --quick --json runs/compare/compare.json
     python -m specroll.benchmarks.compare --policies instruct sft --datasets gsm8k synthetic
-    python -m specroll.benchmarks.compare --tiny --modes vanilla fastgrpo specroll-both   # plumbing only
+    python -m specroll.benchmarks.compare --tiny --modes vanilla fastgrpo speculation-both   # plumbing only
 
-Every mode samples the same responses for a seed (spec/verify.py), up to float rounding, which
+Every mode samples the same responses for a seed (speculation/verification/verify.py), up to float rounding, which
 may fork a response; from a fork on, the learners' updates and so the policies differ, and so may
 the rewards by chance; the p-values say whether beyond it. Extra arguments are Hydra overrides
-for every run, except `rollout.spec.*` (specroll modes only) and `rollout.fastgrpo.*` (fastgrpo only).
+for every run, except `rollout.speculation.*` (specroll modes only) and `rollout.fastgrpo.*` (fastgrpo only).
 """
 from __future__ import annotations
 
@@ -31,11 +31,12 @@ from pathlib import Path
 
 import torch
 
+from specroll.speculation import HorizonHeads, SpeculationConfig, shipped_heads
+from specroll.speculation.config import ADAPTATION_MODES
+
 from ..fastgrpo import FastGRPOConfig, FeatureDrafter, OnlineConfig, shipped_drafter
 from ..models import load_causal_lm, resolve_device
 from ..rollout import RolloutEngine, SamplingParams
-from ..spec import HorizonHeads, SpecConfig, shipped_heads
-from ..spec.config import ADAPTATION_MODES
 from ..telemetry import metric_names as m
 from ..telemetry import plots
 from .comparison import Comparison, ConcurrencyPoint, ModeRun, RolloutTrace
@@ -49,12 +50,12 @@ SFT_POLICY = Path("~/.cache/specroll/sft/gsm8k200")  # the SFT recipe of docs/gu
 SIZES = {"full": dict(steps=4, warmup_steps=1, prompts=4, n=4, max_new_tokens=128, concurrency=[1, 4, 16]),
          "quick": dict(steps=2, warmup_steps=1, prompts=2, n=4, max_new_tokens=48, concurrency=[1, 8])}
 # Engine-only speed: the heads alone and the headline mode (in the engine alone no head update happens).
-ENGINE_MODES = (VANILLA, FASTGRPO, "specroll-static", "specroll-both")
+ENGINE_MODES = (VANILLA, FASTGRPO, "speculation-static", "speculation-both")
 PAPER = [  # SPECROLL.md, "Reference results": the papers' GPU measurements, never ours
-    {"source": "SpecRoll paper (2026-08), GPUs, Qwen2.5-1.5B..14B and Llama-3.1-8B", "mode": "specroll-both",
+    {"source": "SpecRoll paper (2026-08), GPUs, Qwen2.5-1.5B..14B and Llama-3.1-8B", "mode": "speculation-both",
      "figure": "generation vs vanilla", "value": "1.26x-2.15x"},
-    {"source": "SpecRoll paper", "mode": "specroll-both", "figure": "end-to-end step vs vanilla", "value": "1.21x-2.04x"},
-    {"source": "SpecRoll paper", "mode": "specroll-both", "figure": "end-to-end step vs FastGRPO",
+    {"source": "SpecRoll paper", "mode": "speculation-both", "figure": "end-to-end step vs vanilla", "value": "1.21x-2.04x"},
+    {"source": "SpecRoll paper", "mode": "speculation-both", "figure": "end-to-end step vs FastGRPO",
      "value": "1.18x on average, ahead in 15 of 15 settings"},
     {"source": "FastGRPO (arXiv 2509.21792), its own GPU setup", "mode": "fastgrpo", "figure": "end-to-end step vs vanilla",
      "value": "2.35x-2.72x"},
@@ -70,7 +71,7 @@ class Race:
     label: str  # "instruct/gsm8k"
     policy: str
     dataset: str
-    heads: str  # rollout.spec.heads_path
+    heads: str  # rollout.speculation.heads_path
     drafter: str  # rollout.fastgrpo.drafter_path
 
 
@@ -106,12 +107,12 @@ def mode_overrides(mode: str, race: Race, args, extra: list[str]) -> list[str]:
         if args.tiny:
             own.append("rollout.fastgrpo.capacity=8")  # no hardware profile of a throwaway model
     else:
-        own = ["rollout=specroll", f"rollout.spec.adaptation={mode.removeprefix('specroll-')}",
-               f"rollout.spec.heads_path={race.heads}"]
+        own = ["rollout=speculation", f"rollout.speculation.adaptation={mode.removeprefix('speculation-')}",
+               f"rollout.speculation.heads_path={race.heads}"]
         if not args.tiny:
-            own.append(f"rollout.spec.budget={args.spec_budget}")
-    keep = [o for o in extra if not o.startswith(("rollout.spec.", "rollout.fastgrpo."))
-            or (o.startswith("rollout.spec.") and mode.startswith("specroll-"))
+            own.append(f"rollout.speculation.budget={args.spec_budget}")
+    keep = [o for o in extra if not o.startswith(("rollout.speculation.", "rollout.fastgrpo."))
+            or (o.startswith("rollout.speculation.") and mode.startswith("speculation-"))
             or (o.startswith("rollout.fastgrpo.") and mode == FASTGRPO)]
     return [*shared, *own, *keep]
 
@@ -129,7 +130,7 @@ def run_mode(mode: str, race: Race, args, extra: list[str]) -> ModeRun:
     steps = run_driver(Path(args.run_root) / race.label / mode, mode_overrides(mode, race, args, extra), on_step_end)
     rows = [{"step": i, **{k: finite(v) for k, v in s.items()}} for i, s in enumerate(steps)]
     rollout = mode.split("-")[0]
-    adaptation = mode.removeprefix("specroll-") if rollout == "specroll" else None
+    adaptation = mode.removeprefix("speculation-") if rollout == "speculation" else None
     return ModeRun(race.label, mode, rollout, rows, adaptation, traces[0] if traces else None,
                    summarize_mode(rows, args.warmup_steps))
 
@@ -152,7 +153,7 @@ def mean_of(rows: list[dict], name: str) -> float | None:
 def summarize_mode(rows: list[dict], warmup: int) -> dict:
     """The table's figures: times over the steps after warm-up, rewards over all steps."""
     timed = rows[warmup:]
-    depths = sorted(int(k.rsplit("_", 1)[1]) for k in rows[-1] if k.startswith("spec/acceptance_depth_"))
+    depths = sorted(int(k.rsplit("_", 1)[1]) for k in rows[-1] if k.startswith("speculation/acceptance_depth_"))
     tokens = sum((r[m.RESPONSE_LENGTH_MEAN] or 0) * (r[m.NUM_SEQUENCES] or 0) for r in timed)
     responses = sum(r[m.NUM_SEQUENCES] or 0 for r in rows)
     correct = sum((r[m.ACCURACY] or 0) * (r[m.NUM_SEQUENCES] or 0) for r in rows)
@@ -219,7 +220,7 @@ def engine_decoding(mode: str, race: Race, model, args):
         path = None if race.drafter == "null" else race.drafter
         return FastGRPOConfig(drafter_path=path, capacity=8 if args.tiny else None, online=OnlineConfig(enabled=False))
     heads = None if race.heads == "null" else race.heads
-    return SpecConfig(heads_path=heads, adaptation=mode.removeprefix("specroll-"),
+    return SpeculationConfig(heads_path=heads, adaptation=mode.removeprefix("speculation-"),
                       budget="fixed" if args.tiny else args.spec_budget, fixed_nodes=4)
 
 
@@ -339,7 +340,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--sft-drafter", default=None, help="FastGRPO drafter for the SFT'd policy (default: the instruct one's)")
     ap.add_argument("--data-path", default=str(GSM8K_TRAIN), help="GSM8K jsonl file or folder")
     ap.add_argument("--spec-budget", default="auto", choices=("auto", "concurrency", "cost_model", "fixed"),
-                    help="rollout.spec.budget of the specroll modes (auto: cost_model on CPUs, concurrency on GPUs)")
+                    help="rollout.speculation.budget of the specroll modes (auto: cost_model on CPUs, concurrency on GPUs)")
     for name, value in SIZES["full"].items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="*" if name == "concurrency" else None,
                         default=None, help=f"default {value} ({SIZES['quick'][name]} with --quick)")

@@ -7,8 +7,8 @@ Schema 1 (a JSON object):
     modes        one `ModeRun` per (race, mode), vanilla first in each race:
                    race        the conditions the modes share (policy, dataset); one set of plots each
                    name        unique within the race: "vanilla", "fastgrpo", "specroll-<adaptation>"
-                   rollout     "vanilla" | "fastgrpo" | "specroll"
-                   adaptation  rollout.spec.adaptation of a specroll mode, else null
+                   rollout     "vanilla" | "fastgrpo" | "speculation"
+                   adaptation  rollout.speculation.adaptation of a specroll mode, else null
                    steps       the training steps' metrics as logged: metrics.jsonl rows
                                ({"step": 0, "<name from metric_names>": value or null, ...})
                    trace       one rollout decode step by decode step, or null (vanilla):
@@ -32,7 +32,7 @@ from typing import Any
 from ..telemetry.history import RunHistory, check_rows
 
 SCHEMA_VERSION = 1
-ROLLOUT_MODES = ("vanilla", "fastgrpo", "specroll")
+ROLLOUT_MODES = ("vanilla", "fastgrpo", "speculation")
 
 
 @dataclass(frozen=True)

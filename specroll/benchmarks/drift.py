@@ -19,7 +19,7 @@ Snapshots: a run's checkpoints (`run_dir/checkpoints/step_*`), SFT outputs, mode
     python -m specroll.benchmarks.drift --policies ~/.cache/specroll/sft/gsm8k200 smollm2-135m-instruct
         --heads runs/drift_heads/1.heads.safetensors
 
-Drafters for one policy sample the same responses for a seed (spec/verify.py), up to float
+Drafters for one policy sample the same responses for a seed (speculation/verification/verify.py), up to float
 rounding; each figure still carries the prompts' noise (its standard error over batches of
 prompts is printed).
 """
@@ -36,12 +36,13 @@ from pathlib import Path
 
 import torch
 
+from specroll.speculation import HorizonHeads, SpeculationConfig
+from specroll.speculation.drafting.heads import model_fingerprint
+from specroll.speculation.head_training.samples import SampleConfig, collect_samples
+from specroll.speculation.head_training.training import HeadTrainConfig, dataset_prompts, train_heads
+
 from ..models import build_tiny_model, load_causal_lm
 from ..rollout import RolloutEngine, SamplingParams
-from ..spec import HorizonHeads, SpecConfig
-from ..spec.head_samples import SampleConfig, collect_samples
-from ..spec.heads import model_fingerprint
-from ..spec.train_heads import HeadTrainConfig, dataset_prompts, train_heads
 from .adaptation import TINY_VOCAB, load_heads, random_prompts, standard_error, tiny_heads
 from .engine_vs_hf import DEFAULT_GSM8K, load_prompts
 from .grpo_steps import GSM8K_TRAIN
@@ -103,7 +104,7 @@ def draft_stats(model, heads: HorizonHeads, prompts: list[list[int]], args) -> d
     """Tokens per verify pass and acceptance by depth drafting `args.nodes`-node trees with
     `heads`, over batches of `args.batch` prompts (the standard error is over batches); the
     sampled sequences come back for the KL."""
-    spec = SpecConfig(head_type=heads.head_type, num_heads=heads.num_heads, heads_path=None, budget="fixed",
+    spec = SpeculationConfig(head_type=heads.head_type, num_heads=heads.num_heads, heads_path=None, budget="fixed",
                       fixed_nodes=args.nodes, max_nodes=max(16, args.nodes))
     engine = RolloutEngine(model, spec=spec)
     engine.decoder.set_heads(heads)

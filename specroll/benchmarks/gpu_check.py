@@ -35,10 +35,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from specroll.speculation import shipped_heads
+
 from ..models import build_tiny_model, load_causal_lm, resolve_device, synchronize
 from ..models.llama import attention_bias, grouped_masked_attention
 from ..rollout import RolloutEngine, SamplingParams
-from ..spec import shipped_heads
 from .floors import best_seconds, decode_step_flops, matmul_gflops, memory_bandwidth_gbs, weight_bytes_per_step
 
 SMOLLM2 = "smollm2-135m-instruct"

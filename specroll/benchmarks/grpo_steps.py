@@ -14,7 +14,7 @@ should be large; the two runs use different random draws, so the curves are not 
         --heads <heads file for that policy> --steps 4 [hydra overrides ...]
 
 Extra arguments are Hydra overrides applied to both runs (e.g. `rollout.max_new_tokens=128`),
-except `rollout.spec.*` ones, which only the speculative run has (e.g. `rollout.spec.budget=cost_model`).
+except `rollout.speculation.*` ones, which only the speculative run has (e.g. `rollout.speculation.budget=cost_model`).
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ from .engine_vs_hf import DEFAULT_GSM8K
 
 GSM8K_TRAIN = DEFAULT_GSM8K.with_name("train.jsonl")  # GRPO trains on train prompts
 
-MODES = ("vanilla", "specroll")
-SPEC_PREFIX = "rollout.spec."  # overrides of the speculative settings apply to the specroll run only
+MODES = ("vanilla", "speculation")
+SPEC_PREFIX = "rollout.speculation."  # overrides of the speculative settings apply to the specroll run only
 COLUMNS = (("gen_s", m.TIME_GEN), ("step_s", m.STEP_TIME_S), ("reward", m.REWARD_MEAN),
            ("accuracy", m.ACCURACY), ("resp_len", m.RESPONSE_LENGTH_MEAN), ("tok/verify", m.TOKENS_PER_STEP))
 
@@ -76,9 +76,9 @@ def run_mode(mode: str, args, overrides: list[str]) -> list[dict]:
     run_dir = Path(args.run_root) / mode
     settings = driver_settings(args.policy, args.dataset, args.data_path, args.prompts, args.n, args.max_new_tokens,
                                args.steps, args.seed, run_dir) + [f"rollout={mode}"]
-    if mode == "specroll":
-        settings.append(f"rollout.spec.heads_path={args.heads}")
-    if mode != "specroll":  # vanilla rollouts have no spec section to override
+    if mode == "speculation":
+        settings.append(f"rollout.speculation.heads_path={args.heads}")
+    if mode != "speculation":  # vanilla rollouts have no spec section to override
         overrides = [o for o in overrides if not o.startswith(SPEC_PREFIX)]
     return run_driver(run_dir, settings + overrides)
 
@@ -113,8 +113,8 @@ def summarize(results: dict[str, list[dict]], warmup: int) -> dict:
         return sum(s.get(name, 0.0) for s in results[mode][warmup:])
 
     summary = {
-        "gen_ratio": total("vanilla", m.TIME_GEN) / max(total("specroll", m.TIME_GEN), 1e-9),
-        "step_ratio": total("vanilla", m.STEP_TIME_S) / max(total("specroll", m.STEP_TIME_S), 1e-9),
+        "gen_ratio": total("vanilla", m.TIME_GEN) / max(total("speculation", m.TIME_GEN), 1e-9),
+        "step_ratio": total("vanilla", m.STEP_TIME_S) / max(total("speculation", m.STEP_TIME_S), 1e-9),
     }
     # Per generated token: the two runs sample different responses, and with few steps their
     # lengths alone move the time ratios.
@@ -131,7 +131,7 @@ def summarize(results: dict[str, list[dict]], warmup: int) -> dict:
     summary["accuracy_p"] = two_proportion_p(summary["vanilla_correct"], summary["vanilla_responses"],
                                              summary["specroll_correct"], summary["specroll_responses"])
     summary["reward_welch_p"] = welch_p([s[m.REWARD_MEAN] for s in results["vanilla"]],
-                                        [s[m.REWARD_MEAN] for s in results["specroll"]])
+                                        [s[m.REWARD_MEAN] for s in results["speculation"]])
     return summary
 
 

@@ -5,7 +5,7 @@ tokens by default; `--temperature`, `--top-p`) at several concurrencies (c promp
 response) and on a GRPO-shaped batch (8 prompts x 8 responses). Each setting alternates plain
 and speculative runs (which one goes first alternates too); the ratio's standard error is the
 spread of the repeats' ratios.
-Both engines sample the same responses for the same seed (spec/verify.py): the share that came
+Both engines sample the same responses for the same seed (speculation/verification/verify.py): the share that came
 out identical, token for token, is printed (`same`).
 
 For every speculative run we also report the oracle bound: the tokens per verify step that
@@ -27,9 +27,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from specroll.speculation import SpeculationConfig
+
 from ..models import load_causal_lm, synchronize
 from ..rollout import RolloutEngine, SamplingParams, sampling_logprobs
-from ..spec import SpecConfig
 from .engine_vs_hf import DEFAULT_GSM8K, load_prompts
 
 ORACLE_TOP = 64  # sibling candidates considered per position
@@ -122,8 +123,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-nodes", type=int, default=16)
     ap.add_argument("--capacity", type=int, default=None, help="C_hw override (default: hardware profile)")
     ap.add_argument("--sync-free-trees", choices=["auto", "on", "off"], default="auto",
-                    help="tree steps without host reads (spec.sync_free_trees; auto: on GPUs only)")
-    ap.add_argument("--no-context-lookup", action="store_true", help="draft with the heads only (see spec/lookup.py)")
+                    help="tree steps without host reads (speculation.sync_free_trees; auto: on GPUs only)")
+    ap.add_argument("--no-context-lookup", action="store_true", help="draft with the heads only (see speculation/drafting/lookup.py)")
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32])
     ap.add_argument("--grpo", default="8x8", help="prompts x responses, or '' to skip")
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> dict:
     model, tokenizer = load_causal_lm(args.policy, dtype=args.dtype, device=args.device)
     device = next(model.parameters()).device
     heads_path = None if args.heads == "untrained" else args.heads
-    spec = SpecConfig(head_type=args.head_type, heads_path=heads_path, budget=args.budget,
+    spec = SpeculationConfig(head_type=args.head_type, heads_path=heads_path, budget=args.budget,
                       fixed_nodes=min(args.fixed_nodes, args.max_nodes), max_nodes=args.max_nodes,
                       capacity=args.capacity, context_lookup=not args.no_context_lookup,
                       sync_free_trees={"auto": None, "on": True, "off": False}[args.sync_free_trees])

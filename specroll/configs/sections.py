@@ -2,7 +2,7 @@
 
 Each section checks its own fields when built and names the field in its `ValueError`;
 checks across sections live in `TrainConfig`. Components that already have a config
-(`SpecConfig`, `SyntheticConfig`, `RewardConfig`, `LearnerConfig`) are nested as they are.
+(`SpeculationConfig`, `SyntheticConfig`, `RewardConfig`, `LearnerConfig`) are nested as they are.
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from specroll.models import build_tiny_model, load_causal_lm, resolve_checkpoint
 from specroll.models.config import SUPPORTED_MODEL_TYPES
 from specroll.models.loading import DTYPES
 from specroll.rollout import SamplingParams
-from specroll.spec import SpecConfig
+from specroll.speculation import SpeculationConfig
 
 TINY_PREFIX = "tiny-"
-ROLLOUT_MODES = ("vanilla", "specroll", "fastgrpo")
+ROLLOUT_MODES = ("vanilla", "speculation", "fastgrpo")
 LOGGER_BACKENDS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
 
@@ -119,19 +119,19 @@ class DataSection:
 class RolloutSection:
     """How responses are sampled (vanilla or speculative decoding, which is exact)."""
 
-    # vanilla: one token per step; specroll: speculative decoding with `spec`; fastgrpo: the
-    # FastGRPO-style baseline with `fastgrpo` (its own drafter, SpecRoll's exact verification)
-    mode: str = "specroll"
+    # vanilla: one token per step; speculation: SpecRoll's speculative decoding with `speculation`;
+    # fastgrpo: the FastGRPO-style baseline with `fastgrpo` (its own drafter, SpecRoll's exact verification)
+    mode: str = "speculation"
     temperature: float = 1.0  # > 0; the learner scores responses at this temperature too
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
     max_new_tokens: int = 256  # response length cap in tokens
     n: int = 8  # responses per prompt: the GRPO group size, >= 2
-    spec: SpecConfig = field(default_factory=SpecConfig)  # speculative decoding; used when mode is specroll
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)  # used when mode is speculation
     fastgrpo: FastGRPOConfig = field(default_factory=FastGRPOConfig)  # the FastGRPO-style baseline; used when mode is fastgrpo
     # Run the plain decode step compiled (torch.compile; CUDA graphs on GPUs); false = eager.
     compile: bool = False
-    sync_every: int = 8  # decode steps between host reads of finished rows (a tree step reads unless spec.sync_free_trees applies), >= 1
+    sync_every: int = 8  # decode steps between host reads of finished rows (a tree step reads unless speculation.sync_free_trees applies), >= 1
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, ROLLOUT_MODES)
@@ -148,20 +148,20 @@ class RolloutSection:
                               max_new_tokens=self.max_new_tokens, n=self.n, seed=seed)
 
     @property
-    def speculation(self) -> SpecConfig | None:
-        """SpecRoll's config when mode is specroll (horizon heads, their consolidation), else None."""
-        return self.spec if self.mode == "specroll" else None
+    def speculates(self) -> bool:
+        """Whether SpecRoll's speculative decoding (horizon heads, their consolidation) is in use."""
+        return self.mode == "speculation"
 
     @property
-    def decoding(self) -> SpecConfig | FastGRPOConfig | None:
+    def decoding(self) -> SpeculationConfig | FastGRPOConfig | None:
         """What `RolloutEngine(spec=...)` takes: the drafting mode's config, or None for vanilla decoding."""
-        return {"specroll": self.spec, "fastgrpo": self.fastgrpo}.get(self.mode)
+        return {"speculation": self.speculation, "fastgrpo": self.fastgrpo}.get(self.mode)
 
     @property
     def max_tokens_per_step(self) -> int:
         """Most tokens a decoding step appends per response (1 for vanilla)."""
-        if self.mode == "specroll":
-            return self.spec.max_nodes
+        if self.mode == "speculation":
+            return self.speculation.max_nodes
         return self.fastgrpo.max_tokens_per_step if self.mode == "fastgrpo" else 1
 
 

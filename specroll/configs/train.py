@@ -140,9 +140,9 @@ def check_paths(cfg: TrainConfig) -> None:
                 raise ValueError(f"data.path: folder {local} has no {data.split}.jsonl (data.split)")
         elif looks_local(data.path, _DATA_SUFFIXES) and not local.is_file():
             raise ValueError(f"data.path: file not found: {local}")
-    heads = cfg.rollout.spec.heads_path
-    if cfg.rollout.mode == "specroll" and heads not in (None, "shipped") and not Path(heads).expanduser().is_file():
-        raise ValueError(f"rollout.spec.heads_path: file not found: {Path(heads).expanduser()}")
+    heads = cfg.rollout.speculation.heads_path
+    if cfg.rollout.mode == "speculation" and heads not in (None, "shipped") and not Path(heads).expanduser().is_file():
+        raise ValueError(f"rollout.speculation.heads_path: file not found: {Path(heads).expanduser()}")
     drafter = cfg.rollout.fastgrpo.drafter_path
     if cfg.rollout.mode == "fastgrpo" and drafter not in (None, "shipped") and not Path(drafter).expanduser().is_file():
         raise ValueError(f"rollout.fastgrpo.drafter_path: file not found: {Path(drafter).expanduser()}")
@@ -157,7 +157,7 @@ def validate_against_model(cfg: TrainConfig, model_config: ModelConfig) -> None:
     rollout = cfg.rollout
     if rollout.decoding is not None:
         needed = rollout.max_new_tokens + rollout.max_tokens_per_step
-        field_name = "rollout.spec.max_nodes" if rollout.mode == "specroll" else "rollout.fastgrpo.max_nodes"
+        field_name = "rollout.speculation.max_nodes" if rollout.mode == "speculation" else "rollout.fastgrpo.max_nodes"
         if needed > context:
             raise ValueError(
                 f"rollout.max_new_tokens ({rollout.max_new_tokens}) + {field_name} "

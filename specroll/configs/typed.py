@@ -2,7 +2,7 @@
 
 OmegaConf's structured configs cannot express the `Literal` fields of the learner's
 configs, so the conversion is ours: every key must be a field, every value must have the
-field's type, and any error names the dotted path of the field, e.g. `rollout.spec.max_nodes`.
+field's type, and any error names the dotted path of the field, e.g. `rollout.speculation.max_nodes`.
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def join(path: str, name: str) -> str:
 def qualify(message: str, path: str, cls: type, names: list[str]) -> str:
     """`message` from `cls`'s own validation with field names made dotted paths.
 
-    The configs we reuse name fields as `max_nodes`, `spec.max_nodes` or
+    The configs we reuse name fields as `max_nodes`, `speculation.max_nodes` or
     `SyntheticConfig.max_steps`; all become `<path>.<field>`.
     """
     if not path:

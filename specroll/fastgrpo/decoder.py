@@ -1,7 +1,7 @@
 """FastGRPO-style speculative decoding step: the drafter's tree, SpecRoll's exact verification.
 
-Plugs into `RolloutEngine` like `SpecDecoder`: each step feeds every row's root (the last
-sampled token) plus its draft tree, verifies all trees in one pass with `spec.verify` (the
+Plugs into `RolloutEngine` like `SpeculativeDecoder`: each step feeds every row's root (the last
+sampled token) plus its draft tree, verifies all trees in one pass with `speculation.verify` (the
 same sample-and-match rule, the same tree masks), and returns the accepted tokens and the bonus.
 
 Per step: (1) the drafter's cache catches up on the entries the last pass verified, with the
@@ -18,13 +18,14 @@ import time
 import torch
 import torch.nn.functional as F
 
+from specroll.speculation.budgets.profile import get_profile
+from specroll.speculation.decoder import verify_pass_stats
+from specroll.speculation.drafting.tree import Candidates, select_tree, tree_attention_mask
+from specroll.speculation.verification.pass_counts import PassCounts
+from specroll.speculation.verification.verify import verify_tree
+
 from ..rollout.engine import DecodeState, StepResult
 from ..rollout.sampling import sampling_logprobs
-from ..spec.decoder import verify_pass_stats
-from ..spec.pass_counts import PassCounts
-from ..spec.profile import get_profile
-from ..spec.tree import Candidates, select_tree, tree_attention_mask
-from ..spec.verify import verify_tree
 from .config import FastGRPOConfig
 from .drafter import FeatureDrafter, initial_drafter
 from .feature_log import DraftSequences, FeatureLog
@@ -69,7 +70,7 @@ class FastGRPODecoder:
                       "verify_steps": 0}
 
     def pop_stats(self) -> dict:
-        """The generate call's stats, with the keys of `SpecDecoder.pop_stats` (no context lookup here)."""
+        """The generate call's stats, with the keys of `SpeculativeDecoder.pop_stats` (no context lookup here)."""
         out = verify_pass_stats(self.stats, self.pass_counts.read()) | {"lookup_token_share": 0.0}
         self.reset_stats()
         return out

@@ -21,10 +21,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from specroll.speculation.drafting.heads import model_fingerprint
+
 from ..models import KVCache
 from ..models.llama import DecoderLayer, attention_bias, rope_angles, rope_inverse_frequencies
 from ..models.prepacked_linear import PrepackedLinear, set_prepacked
-from ..spec.heads import model_fingerprint
 
 FORMAT_VERSION = 1
 METADATA_KEY = "specroll_fastgrpo_drafter"

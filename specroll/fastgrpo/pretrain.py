@@ -1,7 +1,7 @@
 """Pretraining of the FastGRPO-style drafter on the policy's own samples (the heads' samples cache).
 
-The frozen policy's samples come from `spec.head_samples` (the same cache file as
-`python -m specroll.spec.train_heads` with the same sampling settings); one teacher-forced
+The frozen policy's samples come from `speculation.head_samples` (the same cache file as
+`python -m specroll.speculation.head_training.training` with the same sampling settings); one teacher-forced
 pass gives the features, and the drafter trains with the online loss (`fastgrpo.loss`) for a
 few epochs. Its quality is measured as tokens per verify pass of the FastGRPO decoder on
 held-out prompts, at a fixed tree size, before and after training.
@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 
+from specroll.speculation.head_training.samples import SampleConfig, SampledSequence, heldout_prompts, split_heldout
+
 from ..configs.cli import add_config_arguments, config_from_args
 from ..rollout import RolloutEngine, SamplingParams
-from ..spec.head_samples import SampleConfig, SampledSequence, heldout_prompts, split_heldout
 from .config import FastGRPOConfig, OnlineConfig
 from .drafter import FeatureDrafter
 from .feature_log import DraftSequences, teacher_forced_sequences
@@ -95,8 +96,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from specroll.speculation.head_training.training import dataset_names, samples_from_args
+
     from ..models import load_causal_lm
-    from ..spec.train_heads import dataset_names, samples_from_args
 
     args = parse_args(argv)
     torch.manual_seed(args.seed)

@@ -5,7 +5,7 @@ Logits are turned into the log-probabilities of the distribution actually sample
 sampling with a uniform from a counter-based per-row stream, so a row's samples depend only
 on the seed and the row's identity, never on which other rows share the batch. A row's i-th
 generated token takes draw i of its stream, in plain and speculative decoding alike
-(spec/verify.py), so both give the same response for the same seed.
+(speculation/verification/verify.py), so both give the same response for the same seed.
 """
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ class RowRandom:
 
     def peek(self, ahead: torch.Tensor) -> torch.Tensor:
         """[rows, K] the draws `ahead` [rows, K] places past each row's counter, without advancing:
-        a verify pass gives each tree node the draw of the token it would emit (see spec/verify.py)."""
+        a verify pass gives each tree node the draw of the token it would emit (see speculation/verification/verify.py)."""
         return uniforms_at(self.keys, self.counters[:, None] + ahead)
 
     def advance(self, num_draws: int | torch.Tensor) -> None:

@@ -1,7 +1,7 @@
 """Token ids each row holds so far (prompt + emitted), as one padded tensor on the model's device.
 
 The KV cache keeps keys and values, not ids; drafters that read a row's own context (context
-lookup, `specroll.spec.lookup`) need the ids, without a per-step copy from Python lists.
+lookup, `specroll.speculation.drafting.lookup`) need the ids, without a per-step copy from Python lists.
 """
 from __future__ import annotations
 

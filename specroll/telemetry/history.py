@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .metric_names import check_metric_name
+from .metric_names import check_metric_name, current_name
 from .sinks import JSONL_NAME, lines_before
 
 STEP_KEY = "step"  # each row's training step (the JSONL sink's key, not a metric)
@@ -59,13 +59,15 @@ def read_run(run_dir: str | Path, name: str | None = None) -> RunHistory:
     """The history in `run_dir/metrics.jsonl` (or the JSONL file itself); `name` defaults to the directory's.
 
     A last line cut short by a crash is left out (the sink drops it too when the run resumes).
+    Metrics logged under a family renamed since (`metric_names.RENAMED_FAMILIES`) read under today's names.
     """
     path = Path(run_dir)
     if path.is_dir():
         path = path / JSONL_NAME
     if not path.exists():
         raise FileNotFoundError(f"no metrics at {path}: the run logs them there while logger.jsonl is true")
-    rows = [json.loads(line) for line in lines_before(path, math.inf)]
+    rows = [{current_name(key): value for key, value in json.loads(line).items()}
+            for line in lines_before(path, math.inf)]
     check_rows(rows, str(path))
     label = name or (path.parent.name if path.name == JSONL_NAME else path.stem)
     return RunHistory(label, rows)

@@ -1,6 +1,6 @@
 """The stable namespace of metric names: every metric SpecRoll logs is defined here, once.
 
-Six families: `rollout/*` (the step's responses), `spec/*` (speculative decoding),
+Six families: `rollout/*` (the step's responses), `speculation/*` (speculative decoding),
 `perf/*` (throughput), `timing_s/*` (seconds per phase of a step), `train/*` (the learner's
 update, emitted by `GRPOLearner.update`, and the step itself) and `heads/*` (draft-head consolidation). A name
 not defined here is refused by `check_metric_name`: add it here, with its meaning, first.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 
-FAMILIES = ("rollout", "spec", "perf", "timing_s", "train", "heads")
+FAMILIES = ("rollout", "speculation", "perf", "timing_s", "train", "heads")
 
 METRICS: dict[str, str] = {}  # name -> what it measures
 TEMPLATES: dict[str, str] = {}  # name with one "{d}" (a positive int) -> what it measures
@@ -34,26 +34,26 @@ ACCURACY = metric("rollout/accuracy", "share of responses whose final answer is 
 ROLLOUT_POLICY_VERSION = metric("rollout/policy_version",
                                 "policy version that sampled the responses (one behind train/* with cluster.overlap)")
 
-# spec/*: speculative decoding, from the rollout engine's stats.
-TOKENS_PER_STEP = metric("spec/tokens_per_step", "tokens emitted per response per verify pass (1 = no gain)")
-DRAFTED_TOKENS_PER_STEP = metric("spec/drafted_tokens_per_step",
+# speculation/*: speculative decoding, from the rollout engine's stats.
+TOKENS_PER_STEP = metric("speculation/tokens_per_step", "tokens emitted per response per verify pass (1 = no gain)")
+DRAFTED_TOKENS_PER_STEP = metric("speculation/drafted_tokens_per_step",
                                  "tokens emitted per response per verify pass, over the passes that drafted a tree")
-ACCEPTANCE_DEPTH = metric("spec/acceptance_depth_{d}", "share of drafts accepted at tree depth d among those that reached it")
-NODE_BUDGET_MEAN = metric("spec/node_budget_mean", "mean tree nodes per response (root included) over verify passes")
-ACTIVE_ROWS_MEAN = metric("spec/active_rows_mean", "mean unfinished responses per decode step of an actor (both modes)")
-VERIFY_STEPS = metric("spec/verify_steps", "verify passes, summed over rollout actors")
-LOOKUP_TOKEN_SHARE = metric("spec/lookup_token_share", "share of accepted drafts that context lookup proposed (some also by the heads)")
-DRAFT_TIME_FRAC = metric("spec/draft_time_frac", "share of speculative step time spent drafting trees")
-HEAD_VERSION = metric("spec/head_version", "version of the draft heads the rollout actors used")
-REFLEX_ON_FRAC = metric("spec/reflex_on_frac", "share of verify passes whose drafts carried a Reflex correction")
-REFLEX_RELIABILITY = metric("spec/reflex_reliability", "mean Reflex reliability (cosine of predicted and new feedback)")
-REFLEX_STATE_RMS = metric("spec/reflex_state_rms", "mean RMS of the responses' Reflex fast states")
-REFLEX_RECORDS = metric("spec/reflex_records", "draft records that matured into Reflex feedback, all actors")
-REFLEX_RESETS = metric("spec/reflex_resets", "Reflex fast states reset by a feedback blow-up, all actors")
-REFLEX_GUARD_TRIPS = metric("spec/reflex_guard_trips", "times the guard switched Reflex off since the run began, summed over actors")
-REFLEX_TIME_FRAC = metric("spec/reflex_time_frac", "share of speculative step time spent on Reflex feedback")
-DRAFTER_UPDATES = metric("spec/drafter_updates", "online updates of the FastGRPO-style drafter since pretraining (rollout=fastgrpo)")
-DRAFTER_LOSS = metric("spec/drafter_loss", "FastGRPO-style drafter's training loss in the step's online update, mean over actors")
+ACCEPTANCE_DEPTH = metric("speculation/acceptance_depth_{d}", "share of drafts accepted at tree depth d among those that reached it")
+NODE_BUDGET_MEAN = metric("speculation/node_budget_mean", "mean tree nodes per response (root included) over verify passes")
+ACTIVE_ROWS_MEAN = metric("speculation/active_rows_mean", "mean unfinished responses per decode step of an actor (both modes)")
+VERIFY_STEPS = metric("speculation/verify_steps", "verify passes, summed over rollout actors")
+LOOKUP_TOKEN_SHARE = metric("speculation/lookup_token_share", "share of accepted drafts that context lookup proposed (some also by the heads)")
+DRAFT_TIME_FRAC = metric("speculation/draft_time_frac", "share of speculative step time spent drafting trees")
+HEAD_VERSION = metric("speculation/head_version", "version of the draft heads the rollout actors used")
+REFLEX_ON_FRAC = metric("speculation/reflex_on_frac", "share of verify passes whose drafts carried a Reflex correction")
+REFLEX_RELIABILITY = metric("speculation/reflex_reliability", "mean Reflex reliability (cosine of predicted and new feedback)")
+REFLEX_STATE_RMS = metric("speculation/reflex_state_rms", "mean RMS of the responses' Reflex fast states")
+REFLEX_RECORDS = metric("speculation/reflex_records", "draft records that matured into Reflex feedback, all actors")
+REFLEX_RESETS = metric("speculation/reflex_resets", "Reflex fast states reset by a feedback blow-up, all actors")
+REFLEX_GUARD_TRIPS = metric("speculation/reflex_guard_trips", "times the guard switched Reflex off since the run began, summed over actors")
+REFLEX_TIME_FRAC = metric("speculation/reflex_time_frac", "share of speculative step time spent on Reflex feedback")
+DRAFTER_UPDATES = metric("speculation/drafter_updates", "online updates of the FastGRPO-style drafter since pretraining (rollout=fastgrpo)")
+DRAFTER_LOSS = metric("speculation/drafter_loss", "FastGRPO-style drafter's training loss in the step's online update, mean over actors")
 
 # perf/*: throughput.
 GEN_TOKENS_PER_S = metric("perf/gen_tokens_per_s", "response tokens generated per second, all rollout actors together")
@@ -110,7 +110,7 @@ _TEMPLATE_PATTERNS = {re.compile(re.escape(t).replace(re.escape("{d}"), "[1-9][0
 
 
 def acceptance_depth(depth: int) -> str:
-    """`spec/acceptance_depth_{d}` for tree depth `depth` (1 = the first drafted token)."""
+    """`speculation/acceptance_depth_{d}` for tree depth `depth` (1 = the first drafted token)."""
     if depth < 1:
         raise ValueError(f"tree depth must be >= 1, got {depth}")
     return ACCEPTANCE_DEPTH.format(d=depth)
@@ -137,3 +137,16 @@ def check_metric_name(name: str) -> None:
         f"metric {name!r} is not in the namespace of specroll/telemetry/metric_names.py "
         f"(families {', '.join(f + '/*' for f in FAMILIES)}): define it there first{hint}"
     )
+
+
+# Families renamed since a run may have been logged: metrics.jsonl files of earlier runs read
+# back under the current names (docs/guide.md, Changelog).
+RENAMED_FAMILIES = {"spec/": "speculation/"}  # before 2026-12-06
+
+
+def current_name(name: str) -> str:
+    """`name` as the namespace spells it now (a name logged under a renamed family is translated)."""
+    for old, new in RENAMED_FAMILIES.items():
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name

@@ -170,7 +170,7 @@ def draw_acceptance_by_depth(ax: Axes, runs: Sequence[RunHistory]) -> None:
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize="small")
     else:
-        no_data(ax, "spec/acceptance_depth_*")
+        no_data(ax, "speculation/acceptance_depth_*")
 
 
 def draw_budget_vs_active(ax: Axes, runs: Sequence[RunHistory]) -> None:

@@ -1,7 +1,7 @@
 """Metrics of one rollout step: from the engines' stats dicts and from the responses themselves.
 
 Rollout actors each return `RolloutEngine.generate(...).stats` (plus, when speculating,
-`SpecDecoder.pop_stats`); these functions turn them into `spec/*`, `perf/*` and `rollout/*`
+`SpeculativeDecoder.pop_stats`); these functions turn them into `speculation/*`, `perf/*` and `rollout/*`
 metrics for all actors together. Pure functions of their inputs.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ def mean(values: Sequence[float]) -> float:
 
 
 def summarize_rollout_stats(stats: Mapping | Sequence[Mapping], head_version: int | None = None) -> dict[str, float]:
-    """`perf/gen_tokens_per_s` and `spec/*` metrics from the stats of one or more engines.
+    """`perf/gen_tokens_per_s` and `speculation/*` metrics from the stats of one or more engines.
 
     Actors run in parallel, so throughput is all their tokens over the slowest one's wall time.
     Acceptance by depth is exact for one engine; over several it is weighted by each one's
@@ -68,7 +68,7 @@ def summarize_rollout_stats(stats: Mapping | Sequence[Mapping], head_version: in
 
 
 def reflex_metrics(parts: Sequence[Mapping], spent_s: float) -> dict[str, float]:
-    """`spec/reflex_*` of engines with Reflex on: rates weighted by verify passes, counts summed."""
+    """`speculation/reflex_*` of engines with Reflex on: rates weighted by verify passes, counts summed."""
     passes = [max(s["verify_steps"], 1) for s in parts]
 
     def weighted(name: str) -> float:
@@ -85,7 +85,7 @@ def reflex_metrics(parts: Sequence[Mapping], spent_s: float) -> dict[str, float]
 
 
 def drafter_update_metrics(updates: Sequence) -> dict[str, float]:
-    """`timing_s/drafter_update` and `spec/drafter_*` of the rollout actors' online drafter updates
+    """`timing_s/drafter_update` and `speculation/drafter_*` of the rollout actors' online drafter updates
     (`fastgrpo.online.DrafterUpdate`s); empty without any. Actors update in parallel: the slowest one's seconds."""
     if not updates:
         return {}

@@ -34,7 +34,7 @@ def acceptance_by_depth(run: RunHistory) -> list[float | None]:
     """Share accepted at tree depth 1, 2, ... over the steps that drafted, weighted by verify passes
     (steps that decoded plain report zero at every depth: they are left out)."""
     drafting = RunHistory(run.name, [row for row in run.rows if row.get(m.DRAFTED_TOKENS_PER_STEP) is not None])
-    depths = sorted((n for n in drafting.names() if n.startswith("spec/acceptance_depth_")),
+    depths = sorted((n for n in drafting.names() if n.startswith("speculation/acceptance_depth_")),
                     key=lambda n: int(n.rsplit("_", 1)[1]))
     return [weighted_mean(drafting, n, m.VERIFY_STEPS) for n in depths]
 

@@ -1,0 +1,101 @@
+"""Configuration of speculative rollouts (mirrored by conf/rollout/speculation.yaml)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .adaptation.consolidation import ConsolidationConfig
+from .adaptation.drift import DriftConfig
+from .adaptation.head_records import RECORD_NODES
+from .adaptation.reflex import ReflexConfig
+from .budgets.policies import BUDGET_POLICIES
+from .drafting.heads import HEAD_TYPES
+
+# How the drafter follows the moving policy: static = frozen heads; reflex = the fast,
+# per-response correction (speculation/adaptation/reflex.py); slow = drift-triggered head-only updates in the
+# head-consolidation actor; both = reflex and slow; every_step = reflex and a head update
+# after every training step (FastGRPO's schedule, to show what the trigger saves).
+ADAPTATION_MODES = ("static", "reflex", "slow", "both", "every_step")
+
+
+@dataclass
+class SpeculationConfig:
+    num_heads: int = 4  # H horizon heads = maximum tree depth
+    head_type: str = "path"  # "path" (Hydra-style, reads the tree path) or "medusa"
+    # Trained heads file; "shipped" = SpecRoll's heads for this model (untrained if none ship);
+    # None = freshly initialised heads.
+    heads_path: str | None = "shipped"
+    # Node budget policy: auto (concurrency on GPUs, cost_model on CPUs) | fixed | concurrency | cost_model.
+    budget: str = "auto"
+    fixed_nodes: int = 8  # nodes per response (root included) for budget=fixed
+    min_nodes: int = 1  # N_min; 1 = plain decoding when speculation does not fit
+    max_nodes: int = 16  # N_max nodes per response, root included
+    # cost_model and the tree gate (concurrency with sync-free trees, speculation/budgets/tree_gate.py): a tree
+    # must beat plain decoding's estimated rate by this fraction. Near break-even the estimates'
+    # noise decides, and a wrong tree costs more than a right one gains.
+    min_gain: float = 0.05
+    # C_hw override; None = from the cached hardware profile, which with sync-free trees also
+    # gates them: plain steps where a tree's measured tokens do not pay for its profiled cost.
+    capacity: int | None = None
+    # Tree steps sized on the host (fixed and concurrency budgets, static drafting) run without host
+    # reads, finished rows riding along until the engine's next read. None: on GPUs, where a read
+    # stalls the queue of launched work; on a CPU a read costs nothing, the riders do.
+    sync_free_trees: bool | None = None
+    max_children: int = 8  # children drafted per node before the global best-N cut
+    max_frontier: int = 4  # nodes per depth that get children (each costs an LM-head product)
+    calibration_momentum: float = 0.95  # EMA of per-depth acceptance calibration
+    # Also draft what followed the latest earlier occurrence of a row's last tokens (see speculation/drafting/lookup.py).
+    context_lookup: bool = True
+    lookup_ngram: int = 3  # longest suffix matched by context lookup
+    profile_cache_len: int = 256  # cache length the hardware profile is measured at
+    adaptation: str = "static"  # how drafts follow the moving policy: static | reflex | slow | both | every_step
+    reflex: ReflexConfig = field(default_factory=ReflexConfig)  # Reflex knobs (adaptation reflex, both, every_step)
+    # 512 records a step (and a 4,096 replay) left head updates nothing to learn from on a format drift.
+    records_per_rollout: int = 4096  # slow path: matured records a generate call sends, a uniform sample
+    record_nodes: str = "path"  # slow path: records from the accepted path (path) or every verified node (tree)
+    drift: DriftConfig = field(default_factory=DriftConfig)  # slow path: when a head-only update is triggered
+    consolidation: ConsolidationConfig = field(default_factory=ConsolidationConfig)  # slow path: the update itself
+
+    def __post_init__(self) -> None:
+        if self.num_heads < 1:
+            raise ValueError(f"speculation.num_heads must be >= 1, got {self.num_heads}")
+        if self.head_type not in HEAD_TYPES:
+            raise ValueError(f"speculation.head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
+        if self.budget not in BUDGET_POLICIES:
+            raise ValueError(f"speculation.budget must be one of {BUDGET_POLICIES}, got {self.budget!r}")
+        if self.min_nodes < 1:
+            raise ValueError(f"speculation.min_nodes must be >= 1, got {self.min_nodes}")
+        if self.max_nodes < self.min_nodes:
+            raise ValueError(f"speculation.max_nodes ({self.max_nodes}) must be >= speculation.min_nodes ({self.min_nodes})")
+        if not self.min_nodes <= self.fixed_nodes <= self.max_nodes:
+            raise ValueError(f"speculation.fixed_nodes must be within [min_nodes, max_nodes], got {self.fixed_nodes}")
+        if self.capacity is not None and self.capacity < 1:
+            raise ValueError(f"speculation.capacity must be >= 1 or null, got {self.capacity}")
+        if self.max_frontier < 1:
+            raise ValueError(f"speculation.max_frontier must be >= 1, got {self.max_frontier}")
+        if self.max_children < 1:
+            raise ValueError(f"speculation.max_children must be >= 1, got {self.max_children}")
+        if self.min_gain < 0:
+            raise ValueError(f"speculation.min_gain must be >= 0, got {self.min_gain}")
+        if self.lookup_ngram < 1:
+            raise ValueError(f"speculation.lookup_ngram must be >= 1, got {self.lookup_ngram}")
+        if self.adaptation not in ADAPTATION_MODES:
+            raise ValueError(f"speculation.adaptation must be one of {ADAPTATION_MODES}, got {self.adaptation!r}")
+        if self.records_per_rollout < 1:
+            raise ValueError(f"speculation.records_per_rollout must be >= 1, got {self.records_per_rollout}")
+        if self.record_nodes not in RECORD_NODES:
+            raise ValueError(f"speculation.record_nodes must be one of {RECORD_NODES}, got {self.record_nodes!r}")
+        if not 0 <= self.calibration_momentum < 1:
+            raise ValueError(f"speculation.calibration_momentum must be in [0, 1), got {self.calibration_momentum}")
+
+    @property
+    def uses_reflex(self) -> bool:
+        return self.adaptation in ("reflex", "both", "every_step")
+
+    @property
+    def uses_slow_path(self) -> bool:
+        return self.adaptation in ("slow", "both", "every_step")
+
+    def build_decoder(self, model, compile: bool = False):
+        from .decoder import SpeculativeDecoder
+
+        return SpeculativeDecoder(model, self, compile=compile)
