@@ -1,11 +1,10 @@
 """A linear layer that, for CPU inference, multiplies by a oneDNN-prepacked copy of its weight.
 
 Why: on CPU, `F.linear` hands a matrix of a few rows to an sgemm that repacks the whole
-weight on every call. Measured with torch 2.13 on a 2-core AVX2 EPYC, the SmolLM2 LM head
-(49152 x 576) took 17 ms for 1 row but 44 ms for 8 rows; with the weight packed once into
-oneDNN's blocked layout, 11 ms and 15 ms. A verify pass over a draft tree is exactly such a
-few-row product, so without this a tree costs several plain steps and speculation cannot
-pay on CPU. GPUs (and training, which needs gradients) keep `F.linear`.
+weight on every call, so a product of a few rows costs several one-row products. A verify
+pass over a draft tree is exactly such a few-row product: without a weight packed once, a
+tree costs several plain steps and speculation cannot pay on CPU. GPUs (and training, which
+needs gradients) keep `F.linear`.
 
 The packed copy is rebuilt whenever the weight changes (another tensor, or an in-place update
 such as `load_state_dict` during weight sync), so it can never serve stale weights. A compiled
