@@ -39,12 +39,12 @@ def test_summary_leaves_warmup_steps_out_of_the_ratios():
     results = {"vanilla": [step(100, 200, 0.25, 0.5), step(6, 10, 0.0, 0.25), step(6, 10, 0.25, 0.5)],
                "speculation": [step(1, 2, 0.5, 0.5), step(3, 7, 0.5, 0.5, length=20), step(3, 7, 0.25, 0.25)]}
     s = summarize(results, warmup=1)
-    # tokens/s: vanilla (80 + 80) / 12, specroll (160 + 80) / 6 -> 3x, although generation time is only 2x
+    # tokens/s: vanilla (80 + 80) / 12, speculation (160 + 80) / 6 -> 3x, although generation time is only 2x
     assert s["gen_tokens_per_s_ratio"] == pytest.approx((240 / 6) / (160 / 12))
     assert s["gen_ratio"] == pytest.approx(12 / 6) and s["step_ratio"] == pytest.approx(20 / 14)
-    assert s["vanilla_gen_share"] == pytest.approx(12 / 20) and s["specroll_gen_share"] == pytest.approx(6 / 14)
+    assert s["vanilla_gen_share"] == pytest.approx(12 / 20) and s["speculation_gen_share"] == pytest.approx(6 / 14)
     assert s["vanilla_correct"] == pytest.approx(10) and s["vanilla_responses"] == 24
-    assert s["specroll_reward_mean"] == pytest.approx(10 / 24)
+    assert s["speculation_reward_mean"] == pytest.approx(10 / 24)
     assert s["accuracy_p"] == pytest.approx(1.0)
     # Welch on every step's mean reward: means 1/6 and 5/12, both variances 1/48, so se = sqrt(2) / 12,
     # t = -3 / sqrt(2) and df = 4, where with x = |t| / sqrt(t^2 + 4) = 3 / sqrt(17) the two-sided
@@ -64,7 +64,7 @@ def test_both_modes_train_side_by_side(tmp_path, monkeypatch):
     assert all(s[m.VERIFY_STEPS] > 0 and s[m.NODE_BUDGET_MEAN] == 3 for s in steps["speculation"])  # spec-only override
     assert all(m.VERIFY_STEPS not in s for s in steps["vanilla"])
     assert steps["vanilla"][1][m.POLICY_VERSION] == steps["speculation"][1][m.POLICY_VERSION] == 2
-    assert summary["vanilla_responses"] == summary["specroll_responses"] == 2 * 2 * 2
+    assert summary["vanilla_responses"] == summary["speculation_responses"] == 2 * 2 * 2
     assert written["summary"] == summary
     # The ratios from the written per-step times, warm-up steps left out.
     for ratio, name in (("gen_ratio", m.TIME_GEN), ("step_ratio", m.STEP_TIME_S)):

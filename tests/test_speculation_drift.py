@@ -228,5 +228,5 @@ def test_state_round_trips_to_the_same_future_decisions(stop):
                                           ("max_heads_per_event", 0), ("depth_buckets", (256, 128)),
                                           ("mad_floor", 0.0), ("min_records", 0), ("signal", "entropy")])
 def test_config_errors_name_the_dotted_field(field, value):
-    with pytest.raises(ValueError, match=rf"rollout\.spec\.drift\.{field}"):
+    with pytest.raises(ValueError, match=rf"rollout\.speculation\.drift\.{field}"):
         DriftConfig(**{field: value})

@@ -16,7 +16,7 @@ their own labelled table, the JSON of `benchmarks.comparison.Comparison` (--json
 Every mode samples the same responses for a seed (speculation/verification/verify.py), up to float rounding, which
 may fork a response; from a fork on, the learners' updates and so the policies differ, and so may
 the rewards by chance; the p-values say whether beyond it. Extra arguments are Hydra overrides
-for every run, except `rollout.speculation.*` (specroll modes only) and `rollout.fastgrpo.*` (fastgrpo only).
+for every run, except `rollout.speculation.*` (speculation modes only) and `rollout.fastgrpo.*` (fastgrpo only).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from .engine_vs_hf import load_prompts
 from .grpo_steps import GSM8K_TRAIN, driver_settings, run_driver, two_proportion_p, welch_p
 
 VANILLA, FASTGRPO = "vanilla", "fastgrpo"
-MODES = (VANILLA, FASTGRPO, *(f"specroll-{a}" for a in ADAPTATION_MODES))
+MODES = (VANILLA, FASTGRPO, *(f"speculation-{a}" for a in ADAPTATION_MODES))
 INSTRUCT = "smollm2-135m-instruct"
 SFT_POLICY = Path("~/.cache/specroll/sft/gsm8k200")  # the SFT recipe of docs/guide.md (Heads and SFT) on 200 GSM8K problems
 SIZES = {"full": dict(steps=4, warmup_steps=1, prompts=4, n=4, max_new_tokens=128, concurrency=[1, 4, 16]),
@@ -340,7 +340,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--sft-drafter", default=None, help="FastGRPO drafter for the SFT'd policy (default: the instruct one's)")
     ap.add_argument("--data-path", default=str(GSM8K_TRAIN), help="GSM8K jsonl file or folder")
     ap.add_argument("--spec-budget", default="auto", choices=("auto", "concurrency", "cost_model", "fixed"),
-                    help="rollout.speculation.budget of the specroll modes (auto: cost_model on CPUs, concurrency on GPUs)")
+                    help="rollout.speculation.budget of the speculation modes (auto: cost_model on CPUs, concurrency on GPUs)")
     for name, value in SIZES["full"].items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="*" if name == "concurrency" else None,
                         default=None, help=f"default {value} ({SIZES['quick'][name]} with --quick)")

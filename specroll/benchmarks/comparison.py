@@ -6,9 +6,9 @@ Schema 1 (a JSON object):
     settings     free-form: policy, heads, dataset, steps, seed, ... (recorded, not plotted)
     modes        one `ModeRun` per (race, mode), vanilla first in each race:
                    race        the conditions the modes share (policy, dataset); one set of plots each
-                   name        unique within the race: "vanilla", "fastgrpo", "specroll-<adaptation>"
+                   name        unique within the race: "vanilla", "fastgrpo", "speculation-<adaptation>"
                    rollout     "vanilla" | "fastgrpo" | "speculation"
-                   adaptation  rollout.speculation.adaptation of a specroll mode, else null
+                   adaptation  rollout.speculation.adaptation of a speculation mode, else null
                    steps       the training steps' metrics as logged: metrics.jsonl rows
                                ({"step": 0, "<name from metric_names>": value or null, ...})
                    trace       one rollout decode step by decode step, or null (vanilla):

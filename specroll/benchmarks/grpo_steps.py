@@ -3,7 +3,7 @@
 Two short training runs of the real driver (`specroll.train.run_training`: Ray actors,
 DeepSpeed learner) that differ only in `rollout.mode`: same policy, prompts, seeds and
 every other setting. Per step it prints generation and step seconds; at the end the
-generation-time and end-to-end step-time ratios (vanilla / specroll, warm-up steps left
+generation-time and end-to-end step-time ratios (vanilla / speculation, warm-up steps left
 out), the generated-tokens-per-second ratio (steadier: response lengths differ), the share
 of a step that generation takes, and whether the rewards of the two runs are
 distinguishable: a two-proportion z-test on correct answers pooled over steps and a Welch
@@ -34,7 +34,7 @@ from .engine_vs_hf import DEFAULT_GSM8K
 GSM8K_TRAIN = DEFAULT_GSM8K.with_name("train.jsonl")  # GRPO trains on train prompts
 
 MODES = ("vanilla", "speculation")
-SPEC_PREFIX = "rollout.speculation."  # overrides of the speculative settings apply to the specroll run only
+SPEC_PREFIX = "rollout.speculation."  # overrides of the speculative settings apply to the speculation run only
 COLUMNS = (("gen_s", m.TIME_GEN), ("step_s", m.STEP_TIME_S), ("reward", m.REWARD_MEAN),
            ("accuracy", m.ACCURACY), ("resp_len", m.RESPONSE_LENGTH_MEAN), ("tok/verify", m.TOKENS_PER_STEP))
 
@@ -121,7 +121,7 @@ def summarize(results: dict[str, list[dict]], warmup: int) -> dict:
     for mode in MODES:
         tokens = sum(s[m.RESPONSE_LENGTH_MEAN] * s[m.NUM_SEQUENCES] for s in results[mode][warmup:])
         summary[f"{mode}_gen_tokens_per_s"] = tokens / max(total(mode, m.TIME_GEN), 1e-9)
-    summary["gen_tokens_per_s_ratio"] = summary["specroll_gen_tokens_per_s"] / max(summary["vanilla_gen_tokens_per_s"], 1e-9)
+    summary["gen_tokens_per_s_ratio"] = summary["speculation_gen_tokens_per_s"] / max(summary["vanilla_gen_tokens_per_s"], 1e-9)
     for mode in MODES:
         summary[f"{mode}_gen_share"] = total(mode, m.TIME_GEN) / max(total(mode, m.STEP_TIME_S), 1e-9)
         summary[f"{mode}_responses"] = sum(s[m.NUM_SEQUENCES] for s in results[mode])
@@ -129,7 +129,7 @@ def summarize(results: dict[str, list[dict]], warmup: int) -> dict:
         summary[f"{mode}_reward_mean"] = (sum(s[m.REWARD_MEAN] * s[m.NUM_SEQUENCES] for s in results[mode])
                                           / summary[f"{mode}_responses"])
     summary["accuracy_p"] = two_proportion_p(summary["vanilla_correct"], summary["vanilla_responses"],
-                                             summary["specroll_correct"], summary["specroll_responses"])
+                                             summary["speculation_correct"], summary["speculation_responses"])
     summary["reward_welch_p"] = welch_p([s[m.REWARD_MEAN] for s in results["vanilla"]],
                                         [s[m.REWARD_MEAN] for s in results["speculation"]])
     return summary
@@ -167,16 +167,16 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{mode:<9} {step:>4} {values}")
     summary = summarize(results, args.warmup_steps)
     print(f"\nsteps {args.warmup_steps}..{args.steps - 1} (first {args.warmup_steps} left out as warm-up):")
-    print(f"  generation time ratio (vanilla / specroll): {summary['gen_ratio']:.2f}x")
-    print(f"  step time ratio (vanilla / specroll):       {summary['step_ratio']:.2f}x")
-    print(f"  generated tokens/s ratio (specroll / vanilla): {summary['gen_tokens_per_s_ratio']:.2f}x "
-          f"({summary['specroll_gen_tokens_per_s']:.1f} vs {summary['vanilla_gen_tokens_per_s']:.1f} tok/s)")
+    print(f"  generation time ratio (vanilla / speculation): {summary['gen_ratio']:.2f}x")
+    print(f"  step time ratio (vanilla / speculation):       {summary['step_ratio']:.2f}x")
+    print(f"  generated tokens/s ratio (speculation / vanilla): {summary['gen_tokens_per_s_ratio']:.2f}x "
+          f"({summary['speculation_gen_tokens_per_s']:.1f} vs {summary['vanilla_gen_tokens_per_s']:.1f} tok/s)")
     print(f"  generation share of a step: vanilla {summary['vanilla_gen_share']:.0%}, "
-          f"specroll {summary['specroll_gen_share']:.0%}")
+          f"speculation {summary['speculation_gen_share']:.0%}")
     print(f"rewards over all steps: vanilla {summary['vanilla_reward_mean']:.3f} "
-          f"({summary['vanilla_correct']:.0f}/{summary['vanilla_responses']:.0f} correct), specroll "
-          f"{summary['specroll_reward_mean']:.3f} ({summary['specroll_correct']:.0f}/"
-          f"{summary['specroll_responses']:.0f} correct)")
+          f"({summary['vanilla_correct']:.0f}/{summary['vanilla_responses']:.0f} correct), speculation "
+          f"{summary['speculation_reward_mean']:.3f} ({summary['speculation_correct']:.0f}/"
+          f"{summary['speculation_responses']:.0f} correct)")
     print(f"  same accuracy? two-proportion z-test p = {summary['accuracy_p']:.3f}; "
           f"per-step mean rewards, Welch t-test p = {summary['reward_welch_p']:.3f}")
     if args.json:
