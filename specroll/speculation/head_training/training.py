@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ from ..drafting.heads import HorizonHeads
 from .evaluation import evaluate, format_eval
 from .loss import HeadBatch, HeadLossConfig, train_step
 from .samples import SampledSequence
-from .targets import compute_targets
+from .targets import DistillTargets, compute_targets
 
 
 @dataclass
@@ -82,6 +83,48 @@ def evaluate_heads(model, heads: HorizonHeads, eval_sequences: list[SampledSeque
             "wall_time_s": time.perf_counter() - started}
 
 
+def training_positions(train: DistillTargets) -> torch.Tensor:
+    """[P] the positions where at least head 1 has a target inside the response."""
+    positions = (train.remaining >= 1).nonzero()[:, 0]
+    if positions.numel() == 0:
+        raise ValueError("no training positions: every sampled response is shorter than 2 tokens")
+    return positions
+
+
+def descend(heads: HorizonHeads, lm_head: torch.Tensor, embed: torch.Tensor, train: DistillTargets,
+            positions: torch.Tensor, cfg: HeadTrainConfig, evaluate_at: Callable[[int], None],
+            progress: bool = True) -> list[float]:
+    """`cfg.epochs` shuffled passes of AdamW over `positions` of `train`, the learning rate
+    cosine-decayed to zero; `evaluate_at(step)` every `cfg.eval_every` steps but the last.
+    `lm_head` [V, D] holds the rows the heads draft from. Returns the loss of each step."""
+    steps_per_epoch = math.ceil(positions.numel() / cfg.batch_positions)
+    total_steps = cfg.epochs * steps_per_epoch
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / total_steps)))
+    generator = torch.Generator().manual_seed(cfg.seed)
+    losses, ema = [], None
+    bar = tqdm(total=total_steps, desc="heads", unit="step", disable=not progress)
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(positions.numel(), generator=generator, device=generator.device)
+        perm = positions[perm.to(positions.device)]
+        for b in range(steps_per_epoch):
+            batch = HeadBatch.from_targets(train, perm[b * cfg.batch_positions: (b + 1) * cfg.batch_positions],
+                                           heads.num_heads, embed)
+            optimizer.zero_grad(set_to_none=True)
+            loss = train_step(heads, lm_head, batch, cfg.loss)
+            torch.nn.utils.clip_grad_norm_(heads.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss)
+            ema = loss if ema is None else 0.95 * ema + 0.05 * loss
+            bar.update(1)
+            bar.set_postfix(loss=f"{ema:.4f}", lr=f"{schedule.get_last_lr()[0]:.2e}")
+            if len(losses) % cfg.eval_every == 0 and len(losses) < total_steps:
+                evaluate_at(len(losses))
+    bar.close()
+    return losses
+
+
 def train_heads(model, heads: HorizonHeads, sequences: list[SampledSequence], cfg: HeadTrainConfig,
                 eval_sequences: list[SampledSequence] | None = None, progress: bool = True,
                 log=print) -> dict:
@@ -102,18 +145,10 @@ def train_heads(model, heads: HorizonHeads, sequences: list[SampledSequence], cf
     train_lm_head = heads.draft_lm_head(lm_head)
     heldout = (compute_targets(model, eval_sequences, cfg.target_top_k, cfg.policy_batch_tokens,
                                cfg.chunk_positions, progress) if eval_sequences else None)
-    # Positions where at least head 1 has a target inside the response.
-    positions = (train.remaining >= 1).nonzero()[:, 0]
-    if positions.numel() == 0:
-        raise ValueError("no training positions: every sampled response is shorter than 2 tokens")
-    steps_per_epoch = math.ceil(positions.numel() / cfg.batch_positions)
-    total_steps = cfg.epochs * steps_per_epoch
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / total_steps)))
-    generator = torch.Generator().manual_seed(cfg.seed)
-    evals, losses = [], []
+    positions = training_positions(train)
+    evals = []
 
-    def run_eval(step: int) -> None:
+    def evaluate_at(step: int) -> None:
         if heldout is None:
             return
         result = evaluate(heads, lm_head, embed, heldout, cfg.loss, cfg.eval_positions, cfg.eval_ks)
@@ -121,35 +156,15 @@ def train_heads(model, heads: HorizonHeads, sequences: list[SampledSequence], cf
         evals.append(result)
         log(f"held-out eval at step {step}:\n{format_eval(result, cfg.eval_ks)}")
 
-    run_eval(0)
-    bar = tqdm(total=total_steps, desc="heads", unit="step", disable=not progress)
-    step, ema = 0, None
-    for _ in range(cfg.epochs):
-        perm = torch.randperm(positions.numel(), generator=generator, device=generator.device)
-        perm = positions[perm.to(positions.device)]
-        for b in range(steps_per_epoch):
-            batch = HeadBatch.from_targets(train, perm[b * cfg.batch_positions: (b + 1) * cfg.batch_positions],
-                                           heads.num_heads, embed)
-            optimizer.zero_grad(set_to_none=True)
-            loss = train_step(heads, train_lm_head, batch, cfg.loss)
-            torch.nn.utils.clip_grad_norm_(heads.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-            schedule.step()
-            step += 1
-            losses.append(loss)
-            ema = loss if ema is None else 0.95 * ema + 0.05 * loss
-            bar.update(1)
-            bar.set_postfix(loss=f"{ema:.4f}", lr=f"{schedule.get_last_lr()[0]:.2e}")
-            if step % cfg.eval_every == 0 and step < total_steps:
-                run_eval(step)
-    bar.close()
-    run_eval(step)
+    evaluate_at(0)
+    losses = descend(heads, train_lm_head, embed, train, positions, cfg, evaluate_at, progress)
+    evaluate_at(len(losses))
     heads.to(model_dtype).eval()
     return {
         "train_positions": int(positions.numel()),
         "train_sequences": len(sequences),
         "eval_positions": evals[-1]["per_head"][0]["count"] if evals else 0,
-        "steps": step,
+        "steps": len(losses),
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "train_loss": losses,
