@@ -49,7 +49,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -312,6 +312,55 @@ class SFTResult:
     metrics: dict[str, Any]
 
 
+class TrainingPass(NamedTuple):
+    losses: list[float]  # mean response NLL per token of each optimizer step
+    tokens_seen: int  # tokens of every row trained on, prompts included
+    seconds: float
+
+
+def planned_steps(train: list[SFTExample], cfg: SFTConfig) -> list[list[list[int]]]:
+    """Each optimizer step's packed rows of example indices, every epoch packed in its own
+    shuffled order; decided up front, so the schedule knows the number of steps."""
+    return [
+        rows[start : start + cfg.rows_per_step]
+        for epoch in range(cfg.epochs)
+        for rows in [epoch_rows(train, cfg.row_tokens, cfg.seed, epoch)]
+        for start in range(0, len(rows), cfg.rows_per_step)
+    ][: cfg.max_steps]
+
+
+def optimizer_step(engine, rows: list[PackedRow], autocast) -> float:
+    """One optimizer step over `rows`, the loss normalised by all their response tokens; its mean NLL."""
+    normalizer = sum(row.num_targets for row in rows)
+    step_nll = 0.0
+    for k, row in enumerate(rows):
+        engine.set_gradient_accumulation_boundary(k == len(rows) - 1)
+        with autocast:
+            nll = response_nll_sum(engine, row)
+        engine.backward(nll / normalizer, scale_wrt_gas=False)
+        step_nll += float(nll.detach())
+    engine.step()
+    return step_nll / normalizer
+
+
+def train_steps(engine, train: list[SFTExample], steps: list[list[list[int]]], autocast,
+                progress: bool = True) -> TrainingPass:
+    """Every planned step on the engine, with a progress bar of loss, learning rate and tokens/s."""
+    losses: list[float] = []
+    started = time.perf_counter()
+    seen_tokens = 0
+    bar = tqdm(total=len(steps), desc="sft", unit="step", disable=not progress, dynamic_ncols=True, mininterval=0)
+    for step_rows in steps:
+        rows = [pack_row([train[i] for i in indices]).to(engine.device) for indices in step_rows]
+        lr = engine.get_lr()[0]
+        losses.append(optimizer_step(engine, rows, autocast))
+        seen_tokens += sum(row.num_tokens for row in rows)
+        bar.update(1)
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{lr:.2e}", tok_s=f"{seen_tokens / (time.perf_counter() - started):.0f}")
+    bar.close()
+    return TrainingPass(losses, seen_tokens, time.perf_counter() - started)
+
+
 def train_sft(
     model: CausalLM,
     train: list[SFTExample],
@@ -328,13 +377,7 @@ def train_sft(
         raise ValueError("SFT runs in one process; found a process group of several ranks")
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device)
-    # Packing is decided up front, so the schedule knows the number of steps.
-    steps = [
-        rows[start : start + cfg.rows_per_step]
-        for epoch in range(cfg.epochs)
-        for rows in [epoch_rows(train, cfg.row_tokens, cfg.seed, epoch)]
-        for start in range(0, len(rows), cfg.rows_per_step)
-    ][: cfg.max_steps]
+    steps = planned_steps(train, cfg)
     engine = build_engine(model, learner_config(cfg, precision, len(steps)))
     module = engine.module
     autocast = (
@@ -344,30 +387,7 @@ def train_sft(
     )
     before = evaluate(module, heldout, cfg.row_tokens)
     print(f"held-out before: {format_eval(before)}", flush=True)
-
-    losses: list[float] = []
-    started = time.perf_counter()
-    seen_tokens = 0
-    bar = tqdm(total=len(steps), desc="sft", unit="step", disable=not progress, dynamic_ncols=True, mininterval=0)
-    for step_rows in steps:
-        rows = [pack_row([train[i] for i in indices]).to(engine.device) for indices in step_rows]
-        normalizer = sum(row.num_targets for row in rows)
-        step_nll = 0.0
-        for k, row in enumerate(rows):
-            engine.set_gradient_accumulation_boundary(k == len(rows) - 1)
-            with autocast:
-                nll = response_nll_sum(engine, row)
-            engine.backward(nll / normalizer, scale_wrt_gas=False)
-            step_nll += float(nll.detach())
-        lr = engine.get_lr()[0]
-        engine.step()
-        losses.append(step_nll / normalizer)
-        seen_tokens += sum(row.num_tokens for row in rows)
-        bar.update(1)
-        bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{lr:.2e}", tok_s=f"{seen_tokens / (time.perf_counter() - started):.0f}")
-    bar.close()
-    train_time = time.perf_counter() - started
-
+    trained = train_steps(engine, train, steps, autocast, progress)
     after = evaluate(module, heldout, cfg.row_tokens)
     print(f"held-out after:  {format_eval(after)}", flush=True)
     return SFTResult(
@@ -376,10 +396,10 @@ def train_sft(
             "precision": precision,
             "optimizer_steps": len(steps),
             "train_examples": len(train),
-            "train_tokens_seen": seen_tokens,
-            "train_time_s": train_time,
-            "tokens_per_s": seen_tokens / train_time,
-            "train_loss": losses,
+            "train_tokens_seen": trained.tokens_seen,
+            "train_time_s": trained.seconds,
+            "tokens_per_s": trained.tokens_seen / trained.seconds,
+            "train_loss": trained.losses,
             "eval_before": before,
             "eval_after": after,
         },
