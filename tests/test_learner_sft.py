@@ -13,7 +13,6 @@ from specroll.learner.sft import (
     SFTConfig,
     SFTExample,
     build_examples,
-    main,
     pack_first_fit,
     pack_row,
     packed_attention_mask,
@@ -22,6 +21,7 @@ from specroll.learner.sft import (
     train_sft,
 )
 from specroll.models import build_tiny_model, load_causal_lm
+from specroll.tools.sft import main
 
 SMOLLM2_VOCAB = 49152  # tiny models share SmolLM2's tokenizer, so they need its vocabulary
 

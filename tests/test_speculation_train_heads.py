@@ -21,13 +21,8 @@ from specroll.speculation.head_training.samples import (
     split_heldout,
 )
 from specroll.speculation.head_training.targets import compute_targets, sparse_distribution
-from specroll.speculation.head_training.training import (
-    HeadTrainConfig,
-    evaluate_heads,
-    initial_heads,
-    parse_args,
-    train_heads,
-)
+from specroll.speculation.head_training.training import HeadTrainConfig, evaluate_heads, train_heads
+from specroll.tools.train_heads import initial_heads, parse_args
 
 SAMPLES = SampleConfig(positions=4000, prompts_per_batch=16, samples_per_prompt=4, max_new_tokens=48)
 # A hidden size of 32 needs head weights of order one: a larger step than SmolLM2's 1e-3.

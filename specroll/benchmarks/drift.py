@@ -38,8 +38,8 @@ import torch
 
 from specroll.speculation import HorizonHeads, SpeculationConfig
 from specroll.speculation.drafting.heads import model_fingerprint
-from specroll.speculation.head_training.samples import SampleConfig, collect_samples
-from specroll.speculation.head_training.training import HeadTrainConfig, dataset_prompts, train_heads
+from specroll.speculation.head_training.samples import SampleConfig, collect_samples, dataset_prompts
+from specroll.speculation.head_training.training import HeadTrainConfig, train_heads
 
 from ..models import build_tiny_model, load_causal_lm
 from ..rollout import RolloutEngine, SamplingParams

@@ -2,7 +2,8 @@
 
 Each section checks its own fields when built and names the field in its `ValueError`;
 checks across sections live in `TrainConfig`. Components that already have a config
-(`SpeculationConfig`, `SyntheticConfig`, `RewardConfig`, `LearnerConfig`) are nested as they are.
+(`SpeculationConfig`, `SyntheticConfig`, `RewardConfig`, `LearnerConfig`) are nested as they are;
+the logger's section (`LoggerSection`) lives with telemetry.
 """
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ from specroll.speculation import SpeculationConfig
 
 TINY_PREFIX = "tiny-"
 ROLLOUT_MODES = ("vanilla", "speculation", "fastgrpo")
-LOGGER_BACKENDS = ("wandb", "none")
-WANDB_MODES = ("offline", "online", "disabled")
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:
@@ -198,26 +197,3 @@ class ClusterSection:
         if self.ray_address is not None and not self.ray_address:
             raise ValueError("ray_address must be null or a non-empty address")
         check_number("remote_timeout_s", self.remote_timeout_s, 0.0, low_inclusive=False)
-
-
-@dataclass
-class LoggerSection:
-    """Where metrics go: W&B, a JSONL file in the run directory, the console."""
-
-    backend: str = "wandb"  # wandb or none
-    mode: str = "offline"  # W&B mode: offline (files in run_dir/wandb, sync later), online or disabled
-    project: str = "specroll"  # W&B project
-    entity: str | None = None  # W&B team or user; null = the default of the logged-in account
-    run_name: str | None = None  # W&B display name; null lets W&B pick one
-    jsonl: bool = True  # append one JSON line per step to run_dir/metrics.jsonl
-    console: bool = True  # print one line of metrics per step
-
-    def __post_init__(self) -> None:
-        check_choice("backend", self.backend, LOGGER_BACKENDS)
-        check_choice("mode", self.mode, WANDB_MODES)
-        if not self.project:
-            raise ValueError("project must be a non-empty string")
-
-    @property
-    def uses_wandb(self) -> bool:
-        return self.backend == "wandb" and self.mode != "disabled"

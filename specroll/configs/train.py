@@ -17,8 +17,9 @@ from omegaconf.errors import OmegaConfBaseException
 from specroll.learner import LearnerConfig
 from specroll.models import ModelConfig
 from specroll.models.loading import ALIASES, alias_path
+from specroll.telemetry.config import LoggerSection
 
-from .sections import TINY_PREFIX, ClusterSection, DataSection, LoggerSection, ModelSection, RolloutSection, check_int
+from .sections import TINY_PREFIX, ClusterSection, DataSection, ModelSection, RolloutSection, check_int
 from .typed import build_dataclass
 
 RESUME_MODES = ("auto", "never")

@@ -13,6 +13,16 @@ LEARNER_DTYPES = ("float32", "bfloat16")
 LR_SCHEDULES = ("constant", "cosine")
 
 
+def check_int(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def check_finite(name: str, value: Any, low: float, high: float = math.inf) -> None:
+    if not isinstance(value, (int, float)) or not (math.isfinite(value) and low <= value <= high):
+        raise ValueError(f"{name} must be a finite number in [{low}, {high}], got {value!r}")
+
+
 @dataclass
 class LearnerConfig:
     """How the policy is optimised: DeepSpeed set-up, optimiser, batching and the GRPO loss."""
@@ -99,32 +109,33 @@ class LearnerConfig:
 
     def validate(self) -> None:
         """Raise `ValueError` naming the first invalid field."""
+        self.validate_optimizer()
+        self.validate_batching()
+        self.validate_loss()
+        if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
 
-        def positive_int(name: str, value: Any, minimum: int = 1) -> None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-        def finite(name: str, value: Any, low: float, high: float = math.inf) -> None:
-            if not isinstance(value, (int, float)) or not (math.isfinite(value) and low <= value <= high):
-                raise ValueError(f"{name} must be a finite number in [{low}, {high}], got {value!r}")
-
+    def validate_optimizer(self) -> None:
+        """DeepSpeed's stage and precision, AdamW and the learning-rate schedule."""
         if self.zero_stage not in ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {self.zero_stage!r}")
         if self.dtype not in LEARNER_DTYPES:
             raise ValueError(f"dtype must be one of {LEARNER_DTYPES}, got {self.dtype!r}")
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
-        finite("weight_decay", self.weight_decay, 0.0)
+        check_finite("weight_decay", self.weight_decay, 0.0)
         if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
         if not (isinstance(self.adam_eps, (int, float)) and self.adam_eps > 0):
             raise ValueError(f"adam_eps must be > 0, got {self.adam_eps!r}")
-        positive_int("warmup_steps", self.warmup_steps, minimum=0)
+        check_int("warmup_steps", self.warmup_steps, minimum=0)
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
-        finite("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_finite("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         if self.total_steps is not None:
-            positive_int("total_steps", self.total_steps)
+            check_int("total_steps", self.total_steps)
         if self.lr_schedule == "cosine":
             if self.total_steps is None:
                 raise ValueError("total_steps must be set when lr_schedule is 'cosine'")
@@ -133,18 +144,24 @@ class LearnerConfig:
                     f"total_steps ({self.total_steps}) must exceed warmup_steps ({self.warmup_steps}) "
                     "for the cosine schedule"
                 )
-        finite("grad_clip", self.grad_clip, 0.0)
-        positive_int("micro_batch_tokens", self.micro_batch_tokens)
-        positive_int("ppo_epochs", self.ppo_epochs)
+        check_finite("grad_clip", self.grad_clip, 0.0)
+
+    def validate_batching(self) -> None:
+        """Micro-batches, mini-batches, epochs and the sequence lengths `update` accepts."""
+        check_int("micro_batch_tokens", self.micro_batch_tokens)
+        check_int("ppo_epochs", self.ppo_epochs)
         if self.mini_batch_size is not None:
-            positive_int("mini_batch_size", self.mini_batch_size)
-        positive_int("max_response_len", self.max_response_len)
-        positive_int("max_seq_len", self.max_seq_len)
+            check_int("mini_batch_size", self.mini_batch_size)
+        check_int("max_response_len", self.max_response_len)
+        check_int("max_seq_len", self.max_seq_len)
         if self.max_response_len >= self.max_seq_len:
             raise ValueError(
                 f"max_response_len ({self.max_response_len}) must be < max_seq_len ({self.max_seq_len}): "
                 "every sequence holds at least one prompt token"
             )
+
+    def validate_loss(self) -> None:
+        """Rewards, advantages, the training temperature, the reference policy and the GRPO loss."""
         if self.on_invalid_reward not in ON_INVALID_MODES:
             raise ValueError(
                 f"on_invalid_reward must be one of {ON_INVALID_MODES}, got {self.on_invalid_reward!r}"
@@ -163,10 +180,6 @@ class LearnerConfig:
             raise ValueError(f"loss.{exc}") from exc
         if self.loss.kl_coef > 0 and not self.use_reference:
             raise ValueError("loss.kl_coef > 0 needs use_reference=True (the KL is to the reference policy)")
-        if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (what a checkpoint records as the resolved config)."""

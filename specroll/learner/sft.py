@@ -29,40 +29,38 @@ entropy of the next-token distribution at temperature 1, and mean top-1 probabil
 held-out problems are the last `eval_examples` of the dataset, never trained on; the eval
 runs without autocast, in the weights' dtype.
 
-Output. `--out` becomes a Hugging Face directory (`export_hf`) that `load_causal_lm` and the
-rollout engine load, with `sft_summary.json` beside the weights. It is staged and renamed,
-so `--out` is whole or absent; a finished `--out` with the same recipe is reused, not redone.
+Output. The command (`python -m specroll.tools.sft`) saves to `--out` a Hugging Face
+directory (`export_hf`) that `load_causal_lm` and the rollout engine load, with
+`sft_summary.json` beside the weights. It is staged and renamed, so `--out` is whole or
+absent; a finished `--out` with the same recipe is reused, not redone.
 
-Recipe (the CLI defaults): AdamW lr 5e-5 (betas 0.9/0.999, no weight decay), linear warm-up
+Recipe (the command's defaults): AdamW lr 5e-5 (betas 0.9/0.999, no weight decay), linear warm-up
 over the first 10% of steps, cosine decay to 10% of lr, gradient norm clipped at 1.0, 8192
 tokens per optimizer step in rows of 1024, 2 epochs, seed 0, 64 held-out problems.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
 import math
 import os
 import shutil
-import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from specroll.configs.cli import add_config_arguments, config_from_args
-from specroll.data import Problem, format_prompt, load_problems
+from specroll.data import Problem, format_prompt
 from specroll.grpo import entropy_from_logits
 from specroll.models import CausalLM, resolve_device
 
 from .checkpoint import export_hf
-from .config import LearnerConfig
+from .config import LearnerConfig, check_int
 from .grpo_learner import build_engine, world_size
 
 PRECISIONS = ("auto", "float32", "bf16-autocast", "bfloat16")
@@ -118,10 +116,6 @@ class SFTConfig:
     def validate(self) -> None:
         """Raise `ValueError` naming the first invalid field."""
 
-        def positive_int(name: str, value: Any) -> None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
         def number_in(name: str, value: Any, low: float, high: float, high_open: bool = False) -> None:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             if not ok or value < low or value > high or (high_open and value == high):
@@ -133,14 +127,14 @@ class SFTConfig:
         number_in("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         number_in("weight_decay", self.weight_decay, 0.0, math.inf)
         number_in("grad_clip", self.grad_clip, 0.0, math.inf)
-        positive_int("epochs", self.epochs)
-        positive_int("row_tokens", self.row_tokens)
-        positive_int("batch_tokens", self.batch_tokens)
+        check_int("epochs", self.epochs)
+        check_int("row_tokens", self.row_tokens)
+        check_int("batch_tokens", self.batch_tokens)
         if self.batch_tokens < self.row_tokens:
             raise ValueError(f"batch_tokens ({self.batch_tokens}) must be >= row_tokens ({self.row_tokens})")
-        positive_int("eval_examples", self.eval_examples)
+        check_int("eval_examples", self.eval_examples)
         if self.max_steps is not None:
-            positive_int("max_steps", self.max_steps)
+            check_int("max_steps", self.max_steps)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.device != "auto" and str(self.device).split(":")[0] not in ("cpu", "cuda"):
@@ -318,6 +312,55 @@ class SFTResult:
     metrics: dict[str, Any]
 
 
+class TrainingPass(NamedTuple):
+    losses: list[float]  # mean response NLL per token of each optimizer step
+    tokens_seen: int  # tokens of every row trained on, prompts included
+    seconds: float
+
+
+def planned_steps(train: list[SFTExample], cfg: SFTConfig) -> list[list[list[int]]]:
+    """Each optimizer step's packed rows of example indices, every epoch packed in its own
+    shuffled order; decided up front, so the schedule knows the number of steps."""
+    return [
+        rows[start : start + cfg.rows_per_step]
+        for epoch in range(cfg.epochs)
+        for rows in [epoch_rows(train, cfg.row_tokens, cfg.seed, epoch)]
+        for start in range(0, len(rows), cfg.rows_per_step)
+    ][: cfg.max_steps]
+
+
+def optimizer_step(engine, rows: list[PackedRow], autocast) -> float:
+    """One optimizer step over `rows`, the loss normalised by all their response tokens; its mean NLL."""
+    normalizer = sum(row.num_targets for row in rows)
+    step_nll = 0.0
+    for k, row in enumerate(rows):
+        engine.set_gradient_accumulation_boundary(k == len(rows) - 1)
+        with autocast:
+            nll = response_nll_sum(engine, row)
+        engine.backward(nll / normalizer, scale_wrt_gas=False)
+        step_nll += float(nll.detach())
+    engine.step()
+    return step_nll / normalizer
+
+
+def train_steps(engine, train: list[SFTExample], steps: list[list[list[int]]], autocast,
+                progress: bool = True) -> TrainingPass:
+    """Every planned step on the engine, with a progress bar of loss, learning rate and tokens/s."""
+    losses: list[float] = []
+    started = time.perf_counter()
+    seen_tokens = 0
+    bar = tqdm(total=len(steps), desc="sft", unit="step", disable=not progress, dynamic_ncols=True, mininterval=0)
+    for step_rows in steps:
+        rows = [pack_row([train[i] for i in indices]).to(engine.device) for indices in step_rows]
+        lr = engine.get_lr()[0]
+        losses.append(optimizer_step(engine, rows, autocast))
+        seen_tokens += sum(row.num_tokens for row in rows)
+        bar.update(1)
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{lr:.2e}", tok_s=f"{seen_tokens / (time.perf_counter() - started):.0f}")
+    bar.close()
+    return TrainingPass(losses, seen_tokens, time.perf_counter() - started)
+
+
 def train_sft(
     model: CausalLM,
     train: list[SFTExample],
@@ -334,13 +377,7 @@ def train_sft(
         raise ValueError("SFT runs in one process; found a process group of several ranks")
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.precision, device)
-    # Packing is decided up front, so the schedule knows the number of steps.
-    steps = [
-        rows[start : start + cfg.rows_per_step]
-        for epoch in range(cfg.epochs)
-        for rows in [epoch_rows(train, cfg.row_tokens, cfg.seed, epoch)]
-        for start in range(0, len(rows), cfg.rows_per_step)
-    ][: cfg.max_steps]
+    steps = planned_steps(train, cfg)
     engine = build_engine(model, learner_config(cfg, precision, len(steps)))
     module = engine.module
     autocast = (
@@ -350,30 +387,7 @@ def train_sft(
     )
     before = evaluate(module, heldout, cfg.row_tokens)
     print(f"held-out before: {format_eval(before)}", flush=True)
-
-    losses: list[float] = []
-    started = time.perf_counter()
-    seen_tokens = 0
-    bar = tqdm(total=len(steps), desc="sft", unit="step", disable=not progress, dynamic_ncols=True, mininterval=0)
-    for step_rows in steps:
-        rows = [pack_row([train[i] for i in indices]).to(engine.device) for indices in step_rows]
-        normalizer = sum(row.num_targets for row in rows)
-        step_nll = 0.0
-        for k, row in enumerate(rows):
-            engine.set_gradient_accumulation_boundary(k == len(rows) - 1)
-            with autocast:
-                nll = response_nll_sum(engine, row)
-            engine.backward(nll / normalizer, scale_wrt_gas=False)
-            step_nll += float(nll.detach())
-        lr = engine.get_lr()[0]
-        engine.step()
-        losses.append(step_nll / normalizer)
-        seen_tokens += sum(row.num_tokens for row in rows)
-        bar.update(1)
-        bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{lr:.2e}", tok_s=f"{seen_tokens / (time.perf_counter() - started):.0f}")
-    bar.close()
-    train_time = time.perf_counter() - started
-
+    trained = train_steps(engine, train, steps, autocast, progress)
     after = evaluate(module, heldout, cfg.row_tokens)
     print(f"held-out after:  {format_eval(after)}", flush=True)
     return SFTResult(
@@ -382,10 +396,10 @@ def train_sft(
             "precision": precision,
             "optimizer_steps": len(steps),
             "train_examples": len(train),
-            "train_tokens_seen": seen_tokens,
-            "train_time_s": train_time,
-            "tokens_per_s": seen_tokens / train_time,
-            "train_loss": losses,
+            "train_tokens_seen": trained.tokens_seen,
+            "train_time_s": trained.seconds,
+            "tokens_per_s": trained.tokens_seen / trained.seconds,
+            "train_loss": trained.losses,
             "eval_before": before,
             "eval_after": after,
         },
@@ -399,7 +413,7 @@ def format_eval(result: dict[str, float]) -> str:
     )
 
 
-# -- data selection, caching and the command line ---------------------------------------------
+# -- data selection and caching ---------------------------------------------------------
 
 def split_problems(problems: list[Problem], eval_examples: int, limit: int | None) -> tuple[list[Problem], list[Problem]]:
     """(train, held-out): the last `eval_examples` problems are held out; train is the first
@@ -466,71 +480,3 @@ def save_result(module: CausalLM, tokenizer, summary: dict[str, Any], out: Path)
         out.rmdir()
     os.replace(staging, out)
     return out
-
-
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, SFTConfig]:
-    p = argparse.ArgumentParser(prog="python -m specroll.learner.sft", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m-instruct", help="alias, .gguf file or model directory")
-    p.add_argument("--dataset", default="synthetic", choices=("synthetic", "gsm8k"))
-    p.add_argument("--data-path", default=None, help="gsm8k jsonl file or folder (required for gsm8k)")
-    p.add_argument("--limit", type=int, default=None, help="train on the first N problems (after holding out)")
-    p.add_argument("--out", default=None, help="output HF directory (default ~/.cache/specroll/sft/<model>-<dataset><limit>-e<epochs>)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: torch's choice; 1 is fastest on an oversubscribed CPU)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_config_arguments(p, SFTConfig)
-    args = p.parse_args(argv)
-    return args, config_from_args(SFTConfig, args, p)
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from specroll.models import load_causal_lm
-
-    args, cfg = parse_args(argv)
-    if args.dataset == "gsm8k" and args.data_path is None:
-        raise ValueError("--data-path is required for gsm8k (runs download nothing)")
-    problems = load_problems(args.dataset, path=args.data_path)
-    train_problems, heldout_problems = split_problems(problems, cfg.eval_examples, args.limit)
-    out = Path(args.out).expanduser() if args.out else default_out(args.model, args.dataset, args.limit, cfg.epochs)
-    recipe = {
-        "model": model_identity(args.model),
-        "dataset": args.dataset,
-        "train_digest": problems_digest(train_problems),
-        "heldout_digest": problems_digest(heldout_problems),
-        "config": asdict(cfg),
-    }
-    done = finished_summary(out, recipe)
-    if done is not None:
-        print(f"SFT result for this recipe already in {out} (summary: {out / SUMMARY_FILE}); skipping")
-        return done
-
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(cfg.seed)
-    model, tokenizer = load_causal_lm(args.model, dtype="float32", device=cfg.device)
-    print(f"SFT of {args.model} on {len(train_problems)} {args.dataset} solutions, {len(heldout_problems)} held out; "
-          f"output {out}", flush=True)
-    result = train_sft(
-        model,
-        build_examples(tokenizer, train_problems),
-        build_examples(tokenizer, heldout_problems),
-        cfg,
-        progress=not args.no_progress,
-    )
-    summary = {
-        "command": " ".join(["python -m specroll.learner.sft"] + (sys.argv[1:] if argv is None else list(argv))),
-        "recipe": recipe,
-        **result.metrics,
-    }
-    save_result(result.module, tokenizer, summary, out)
-    before, after = summary["eval_before"], summary["eval_after"]
-    print(f"entropy {before['entropy']:.3f} -> {after['entropy']:.3f} nats, top-1 prob {before['top1_prob']:.3f} -> "
-          f"{after['top1_prob']:.3f}, nll/token {before['nll']:.3f} -> {after['nll']:.3f}")
-    print(f"saved the policy and {SUMMARY_FILE} to {out}")
-    return summary
-
-
-if __name__ == "__main__":
-    main()

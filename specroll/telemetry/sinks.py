@@ -12,14 +12,12 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from tqdm.auto import tqdm
 
+from .config import LoggerSection
 from .metric_names import FAMILIES, STEP, check_metric_name
-
-if TYPE_CHECKING:  # the learner may log through telemetry; configs import the learner
-    from specroll.configs import LoggerSection
 
 JSONL_NAME = "metrics.jsonl"
 

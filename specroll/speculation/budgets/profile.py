@@ -10,11 +10,10 @@ whose tree steps read nothing on the host times whole tree steps (drafting and j
 `tree_form`); its C_hw is then measured from its cheapest tree step, and the tree gate
 (`tree_gate.py`) weighs what trees cost beyond plain steps.
 
-Command: python -m specroll.speculation.budgets.profile --model smollm2-135m-instruct [--dtype float32]
+Command: python -m specroll.tools.profile --model smollm2-135m-instruct [--dtype float32]
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import time
@@ -196,28 +195,3 @@ def get_profile(model, cache_len: int = 256, timed_pass=None, compiled: bool = F
         if model.config.name:
             prof.save()
     return prof
-
-
-def main(argv: list[str] | None = None) -> None:
-    from specroll.models import load_causal_lm
-
-    ap = argparse.ArgumentParser(description="Profile verify-forward latency and derive C_hw.")
-    ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--cache-len", type=int, default=256)
-    ap.add_argument("--quick", action="store_true", help="the 4 x 5 grid the engine measures on first use")
-    args = ap.parse_args(argv)
-    model, _ = load_causal_lm(args.model, dtype=args.dtype, device=args.device)
-    grid = QUICK_GRID if args.quick else FULL_GRID
-    prof = measure_profile(model, args.cache_len, grid["batch_sizes"], grid["nodes"], show_progress=True)
-    path = prof.save()
-    print(f"\nverify latency (ms), {prof.model} on {prof.device} {prof.dtype}, cache length {prof.cache_len}")
-    print("batch \\ nodes " + "".join(f"{n:>9d}" for n in prof.nodes))
-    for b, row in zip(prof.batch_sizes, prof.latency_s):
-        print(f"{b:>13d} " + "".join(f"{t * 1e3:9.1f}" for t in row))
-    print(f"\nC_hw = {prof.capacity} nodes (within {prof.slack}x of a one-token step); saved to {path}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,10 @@
-"""Command-line flags from a config dataclass: one `--field-name` per field, its default the
+"""Command-line flags of the tools.
+
+A config dataclass is also its command's flags: one `--field-name` per field, its default the
 field's and its help the field's documentation (the comment ending its line, or the string right
-below it), so a command never copies a config's fields, defaults or descriptions by hand."""
+below it), so a command never copies a config's fields, defaults or descriptions by hand. The
+flags every tool shares (the policy, the problems, the output, the seed) are defined here once.
+"""
 from __future__ import annotations
 
 import argparse
@@ -13,9 +17,14 @@ import types
 import typing
 from typing import Any, TypeVar
 
+from specroll.data.sources import PROBLEM_SOURCES
+from specroll.models.loading import DTYPES
+
 Config = TypeVar("Config")
 FLAG_TYPES = (bool, int, float, str)
 LINT_COMMENTS = ("noqa", "type:", "pragma")  # directives to tools, not documentation
+DEFAULT_MODEL = "smollm2-135m-instruct"
+TRAINING_DTYPES = ("float32", "bfloat16")  # policy dtypes of the training commands
 
 
 def class_source(cls: type) -> tuple[ast.ClassDef, dict[int, str]]:
@@ -119,3 +128,31 @@ def config_from_args(cls: type[Config], args: argparse.Namespace, parser: argpar
         if parser is None:
             raise
         parser.error(str(exc))
+
+
+def add_policy_flags(parser: argparse.ArgumentParser, dtypes: tuple[str, ...] | None = tuple(DTYPES)) -> None:
+    """`--model`, and unless `dtypes` is None (a command whose config sets both) `--dtype`, one of
+    `dtypes`, and `--device`: the policy a command loads."""
+    group = parser.add_argument_group("policy", "the model the command loads")
+    group.add_argument("--model", default=DEFAULT_MODEL, help="alias, .gguf file or model directory")
+    if dtypes is not None:
+        group.add_argument("--dtype", choices=dtypes, default="float32", help="policy dtype")
+        group.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu or cuda[:i]")
+
+
+def add_common_flags(parser: argparse.ArgumentParser, out_help: str, out_required: bool = False,
+                     one_dataset: bool = False, dtypes: tuple[str, ...] | None = TRAINING_DTYPES) -> None:
+    """The flags of every training command: the policy (`add_policy_flags` with `dtypes`),
+    `--dataset` (one problem set with `one_dataset`, else a comma-separated list), `--data-path`,
+    `--out` (`out_help` says what it names) and `--seed`."""
+    add_policy_flags(parser, dtypes)
+    group = parser.add_argument_group("run", "the problems the command reads, where its result goes, its seed")
+    if one_dataset:
+        group.add_argument("--dataset", default="synthetic", choices=PROBLEM_SOURCES, help="problem set")
+    else:
+        group.add_argument("--dataset", default="synthetic",
+                           help=f"problem set(s) to prompt with, comma-separated: {', '.join(PROBLEM_SOURCES)}")
+    group.add_argument("--data-path", default=None, help="gsm8k jsonl file or folder")
+    group.add_argument("--out", required=out_required, default=None, help=out_help)
+    group.add_argument("--seed", type=int, default=0, help="seeds the command's random draws (samples, shuffles, "
+                       "fresh weights)")

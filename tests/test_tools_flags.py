@@ -1,17 +1,24 @@
-"""Command-line flags made from config dataclasses (`specroll.configs.cli`)."""
+"""The tools' command-line flags (`specroll.tools.flags`): made from config dataclasses, and the
+flags the commands share."""
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+import json
+import re
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import pytest
 
-from specroll.configs.cli import add_config_arguments, config_from_args, field_docs
-from specroll.fastgrpo.pretrain import parse_args as pretrain_args
+import specroll
 from specroll.learner.sft import SFTConfig
-from specroll.learner.sft import parse_args as sft_args
 from specroll.speculation.head_training.samples import SampleConfig
 from specroll.speculation.head_training.training import HeadTrainConfig
-from specroll.speculation.head_training.training import parse_args as train_heads_args
+from specroll.tools.flags import DEFAULT_MODEL, add_config_arguments, config_from_args, field_docs
+from specroll.tools.pretrain_drafter import parse_args as pretrain_args
+from specroll.tools.profile import parse_args as profile_args
+from specroll.tools.sft import parse_args as sft_args
+from specroll.tools.train_heads import parse_args as train_heads_args
 
 
 @dataclass
@@ -133,3 +140,52 @@ def test_head_training_flags_set_its_config_and_epochs_0_evaluates_with_the_rest
     for bad in (["--epochs", "-1"], ["--draft-vocab", "-1"], ["--lr", "0"]):
         with pytest.raises(SystemExit):
             train_heads_args(["--out", "h.safetensors", *bad])
+
+
+def test_every_command_takes_the_common_flags_with_the_same_defaults():
+    sft, _ = sft_args([])
+    parsed = [sft, train_heads_args(["--out", "h.safetensors"]), pretrain_args(["--out", "d.safetensors"])]
+    for args in parsed:
+        assert (args.model, args.dataset, args.data_path, args.seed) == (DEFAULT_MODEL, "synthetic", None, 0)
+    assert profile_args([]).model == DEFAULT_MODEL
+    assert sft_args(["--seed", "3"])[1].seed == 3  # the common --seed is the SFT recipe's
+    assert train_heads_args(["--dataset", "gsm8k,synthetic", "--out", "h"]).dataset == "gsm8k,synthetic"
+    with pytest.raises(SystemExit):
+        sft_args(["--dataset", "gsm8k,synthetic"])  # SFT trains on one problem set
+    with pytest.raises(SystemExit):
+        pretrain_args([])  # the drafter's command needs --out
+
+
+TOOL_PARSERS = {"sft": sft_args, "train_heads": train_heads_args, "pretrain_drafter": pretrain_args,
+                "profile": profile_args}
+# The module paths the shipped assets' summaries recorded, before the commands moved to specroll.tools.
+RECORDED_AS = {"specroll.spec.train_heads": "train_heads", "specroll.speculation.head_training.training": "train_heads",
+               "specroll.fastgrpo.pretrain": "pretrain_drafter", "specroll.learner.sft": "sft"}
+
+
+def recorded_summaries(summary: dict | None):
+    """A saved summary and those of the heads it started from, newest first."""
+    while summary:
+        yield summary
+        summary = summary.get("init_summary")
+
+
+def test_the_shipped_heads_and_drafter_commands_parse_to_the_configs_they_recorded():
+    assets = Path(specroll.__file__).parent / "assets"
+    summaries = [summary for path in sorted(assets.glob("*/*.json"))
+                 for summary in recorded_summaries(json.loads(path.read_text()))]
+    assert len(summaries) >= 3
+    for summary in summaries:
+        _, _, module, *argv = shlex.split(summary["command"])
+        args = TOOL_PARSERS[RECORDED_AS[module]](argv)
+        assert asdict(args.sample_config) == summary["sample_config"], summary["command"]
+        if summary.get("train_config") and hasattr(args, "train_config"):
+            assert json.loads(json.dumps(asdict(args.train_config))) == summary["train_config"], summary["command"]
+
+
+def test_the_guides_commands_parse():
+    text = (Path(__file__).parents[1] / "docs" / "guide.md").read_text().replace("\\\n", " ")
+    commands = re.findall(r"-m specroll\.tools\.(\w+) ([^\n`]*)", text)
+    assert {name for name, _ in commands} >= {"sft", "train_heads", "pretrain_drafter"}
+    for name, argv in commands:
+        TOOL_PARSERS[name](shlex.split(argv))

@@ -1,0 +1,31 @@
+"""Where a run's metrics go: the `logger` section of its config (`conf/logger/`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOGGER_BACKENDS = ("wandb", "none")
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+@dataclass
+class LoggerSection:
+    """Where metrics go: W&B, a JSONL file in the run directory, the console."""
+
+    backend: str = "wandb"  # wandb or none
+    mode: str = "offline"  # W&B mode: offline (files in run_dir/wandb, sync later), online or disabled
+    project: str = "specroll"  # W&B project
+    entity: str | None = None  # W&B team or user; null = the default of the logged-in account
+    run_name: str | None = None  # W&B display name; null lets W&B pick one
+    jsonl: bool = True  # append one JSON line per step to run_dir/metrics.jsonl
+    console: bool = True  # print one line of metrics per step
+
+    def __post_init__(self) -> None:
+        for name, choices in (("backend", LOGGER_BACKENDS), ("mode", WANDB_MODES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {getattr(self, name)!r}")
+        if not self.project:
+            raise ValueError("project must be a non-empty string")
+
+    @property
+    def uses_wandb(self) -> bool:
+        return self.backend == "wandb" and self.mode != "disabled"
