@@ -121,7 +121,7 @@ class HeadConsolidationActor:
         self.meta = dict(heads.get("meta") or self.meta or {})
         if self.spec is not None:
             built = HorizonHeads.from_state({**self.meta, "version": self.version}, self.state)
-            self.consolidator = HeadConsolidator(built, self.spec.adaptation, self.speculation.adaptation.drift, self.speculation.adaptation.consolidation)
+            self.consolidator = HeadConsolidator(built, self.spec.adaptation, self.spec.drift, self.spec.consolidation)
             if heads.get("consolidation") is not None:
                 self.consolidator.load_state_dict(heads["consolidation"])
         self.broadcast()
