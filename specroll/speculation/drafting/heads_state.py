@@ -29,7 +29,8 @@ class HeadsState:
 
     @classmethod
     def load(cls, path: str | Path) -> HeadsState:
-        """What `save` wrote; a file without "meta" or "consolidation" (the oldest checkpoints) loads with None there."""
+        """What `save` wrote; a file without "meta" or "consolidation" (the oldest checkpoints)
+        loads with None there."""
         saved = torch.load(path, weights_only=True)
         missing = {"version", "state"} - set(saved)
         if missing:
