@@ -18,7 +18,9 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import hydra
 import ray
@@ -26,7 +28,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from specroll.actors import ActorFailedError, LearnerUpdate, Rollouts, RunActors
+from specroll.actors import (
+    ActorFailedError,
+    LearnerUpdate,
+    PendingConsolidation,
+    PendingRollouts,
+    Rollouts,
+    RunActors,
+)
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.data import PromptStream, load_problems
 from specroll.learner import latest_checkpoint, latest_intact_checkpoint, verify_checkpoint
@@ -57,112 +66,212 @@ def conf_dir() -> str:
     return os.environ.get(CONF_ENV) or str(Path(__file__).resolve().parents[1] / "conf")
 
 
-def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors], None] | None = None) -> dict:
-    """Train as `cfg` says, from its latest checkpoint when `cfg.resume` allows; returns a summary.
+@dataclass
+class Run:
+    """One launch of a run: what `prepare` sets up, `train_loop` advances and `teardown` ends."""
+
+    cfg: TrainConfig
+    started_ray: bool = False  # Ray was started here, so it is shut down here
+    actors: RunActors | None = None
+    stream: PromptStream | None = None
+    logger: MetricsLogger | None = None  # set last: a run with a logger has begun its steps
+    first_step: int = 0  # the resumed checkpoint's step; 0 afresh
+    last_checkpoint: str | None = None  # the newest one written or resumed from
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run_dir)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / CHECKPOINTS
+
+    @property
+    def waits_for_heads(self) -> bool:
+        """Whether a step waits for the slow path's head update before the learner's."""
+        return self.cfg.rollout.speculates and self.cfg.rollout.speculation.consolidation.wait
+
+
+class LaunchedRollouts(NamedTuple):
+    """A step's rollouts on their way, and what the driver measured launching them."""
+
+    pending: PendingRollouts
+    weight_sync_s: float  # seconds pushing the latest policy to the rollout actors first
+    data_position: dict  # the prompt stream's `state_dict()` after this step's batch
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What `run_training` hands back, and `describe` prints."""
+
+    run_dir: str
+    first_step: int  # the step this launch began at
+    total_steps: int
+    policy_version: int | None  # the learner's, at the end
+    data_position: dict  # the prompt stream's `state_dict()` at the end
+    last_checkpoint: str | None  # the newest checkpoint written or resumed from; None without any
+    checkpoint_dir: str
+    config_file: str  # the resolved config of this launch
+    metrics_file: str | None  # metrics.jsonl; None without logger.jsonl
+    wandb_run_id: str | None
+    wandb_dir: str | None  # the offline run's directory, or the run's URL online; None without W&B
+    metrics: dict[str, float]  # of the last step; empty when no step ran
+    curves_file: str | None  # the run's curves as a PNG; None without steps
+    table: str | None  # the end-of-run table; None without steps
+
+
+def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors], None] | None = None) -> RunSummary:
+    """Train as `cfg` says, from its latest checkpoint when `cfg.resume` allows.
 
     `on_step_end(step, metrics, actors)` runs after each logged step (notebooks, tests).
-    The summary holds: run_dir, first_step, total_steps, policy_version, data_position, last_checkpoint,
-    checkpoint_dir, config_file, metrics_file, wandb_run_id, wandb_dir, metrics (of the last step),
-    curves_file and table (the run's curves as a PNG and its end-of-run table; None without steps).
     """
+    run = Run(cfg)
+    try:
+        prepare(run)
+        steps = train_loop(run, on_step_end)
+        return report(run, steps)
+    except ActorFailedError as exc:
+        if run.logger is None:  # failed while starting: nothing ran that a resume would continue
+            raise
+        raise ActorFailedError(f"{exc}\n  {resume_advice(run.checkpoints)}") from exc
+    finally:
+        teardown(run)
+
+
+def prepare(run: Run) -> None:
+    """Everything before the first step: checks, the checkpoint to resume, the saved config, the
+    data, converted model checkpoints, Ray, the actors, the restored state and the logger."""
+    cfg = run.cfg
     check_runnable(cfg)
-    run_dir = Path(cfg.run_dir)
-    checkpoints = run_dir / CHECKPOINTS
-    resume_from = checkpoint_to_resume(cfg, checkpoints)
-    save_resolved_config(cfg, run_dir)
+    resume_from = checkpoint_to_resume(cfg, run.checkpoints)
+    save_resolved_config(cfg, run.run_dir)
     problems = load_problems(cfg.data.name, cfg.data.path, cfg.data.split, cfg.data.limit, cfg.data.synthetic)
+    convert_checkpoints(cfg)
+    run.started_ray = connect_ray(cfg.cluster)
+    run.actors = RunActors.start(cfg)
+    resumed = run.actors.restore(str(resume_from)) if resume_from is not None else None
+    run.stream = PromptStream(problems, cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
+    if resumed:
+        run.first_step, run.last_checkpoint = resumed.step, str(resumed.path)
+        run.stream.load_state_dict(resumed.data_position)
+    run.logger = MetricsLogger(cfg.logger, run.run_dir, config=cfg.to_dict(),
+                               run_id=resumed.wandb_run_id if resumed else None, first_step=run.first_step)
+
+
+def convert_checkpoints(cfg: TrainConfig) -> None:
+    """Convert (or download) the model's and tokenizer's checkpoints once here, not in every actor at once."""
     for name in (cfg.model.name, cfg.model.tokenizer):
         if name is not None and not name.startswith("tiny-"):
-            resolve_checkpoint(name)  # convert (or download) once here, not in every actor at once
-    started_ray = connect_ray(cfg.cluster)
-    actors = logger = None
-    try:
-        actors = RunActors.start(cfg)
-        resumed = actors.restore(str(resume_from)) if resume_from is not None else None
-        first_step = resumed.step if resumed else 0
-        stream = PromptStream(problems, cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
-        if resumed:
-            stream.load_state_dict(resumed.data_position)
-        logger = MetricsLogger(cfg.logger, run_dir, config=cfg.to_dict(),
-                               run_id=resumed.wandb_run_id if resumed else None, first_step=first_step)
-        last_checkpoint = str(resumed.path) if resumed else None
-        metrics: dict = {}
-        launched_rows: list[dict] = []  # this launch's steps, for the report when no metrics file is kept
+            resolve_checkpoint(name)
 
-        def start_rollouts(step: int):
-            """Draw the step's prompts, push the latest policy, launch generation. Returns the
-            pending rollouts, the weight-sync seconds and the data position after this batch."""
-            batch = next(stream)
-            position = stream.state_dict()
+
+def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | None = None) -> list[dict[str, float]]:
+    """Steps `run.first_step` to `total_steps - 1`; returns each step's metrics.
+
+    A step: rollouts, the slow path's head update (overlapping the learner's), the learner's
+    update, a checkpoint when due, metrics. With `cluster.overlap` the next step's rollouts
+    are generated while the learner trains on this one.
+    """
+    cfg, actors, steps = run.cfg, run.actors, []
+    with StepProgress(cfg.total_steps, run.first_step) as progress:
+        launched = None  # the next step's rollouts, when launched early (overlap)
+        for step in range(run.first_step, cfg.total_steps):
             started = time.perf_counter()
-            actors.sync_policy()
-            return actors.start_rollouts(step, batch), time.perf_counter() - started, position
+            current = launched if launched is not None else start_rollouts(run, step)
+            launched = None
+            rollouts = collect_with_progress(actors, current.pending, cfg)
+            consolidating = actors.start_consolidation(rollouts)  # the slow path overlaps the update ...
+            update_wait_s = actors.finish_consolidation(consolidating) if run.waits_for_heads else 0.0
+            if cfg.cluster.overlap and step + 1 < cfg.total_steps:
+                launched = start_rollouts(run, step + 1)  # generates while the learner trains on this step
+            trained = actors.train(rollouts)
+            if not run.waits_for_heads:  # ... and the next rollout drafts with the heads it publishes
+                update_wait_s = actors.finish_consolidation(consolidating)
+            checkpoint_s = save_if_due(run, step, current.data_position)
+            # Measured after the checkpoint so that the step's record includes its saving time.
+            heads = heads_metrics(actors, consolidating, update_wait_s)
+            metrics = step_metrics(rollouts, trained, heads, current.weight_sync_s, checkpoint_s,
+                                   time.perf_counter() - started)
+            run.logger.log(step, metrics)
+            progress.update(step, metrics)
+            steps.append(metrics)
+            if on_step_end is not None:
+                on_step_end(step, metrics, actors)
+    return steps
 
-        wait_for_heads = cfg.rollout.speculates and cfg.rollout.speculation.consolidation.wait
-        with StepProgress(cfg.total_steps, first_step) as progress:
-            pending = None
-            for step in range(first_step, cfg.total_steps):
-                step_started = time.perf_counter()
-                if pending is None:
-                    pending = start_rollouts(step)
-                (launched, weight_sync_s, data_position), pending = pending, None
-                rollouts = collect_with_progress(actors, launched, cfg)
-                consolidating = actors.start_consolidation(rollouts)  # the slow path overlaps the update ...
-                update_wait_s = actors.finish_consolidation(consolidating) if wait_for_heads else 0.0
-                if cfg.cluster.overlap and step + 1 < cfg.total_steps:
-                    pending = start_rollouts(step + 1)  # generates while the learner trains on this step
-                trained = actors.train(rollouts)
-                if not wait_for_heads:  # ... and the next rollout drafts with the heads it publishes
-                    update_wait_s = actors.finish_consolidation(consolidating)
-                checkpoint_s = 0.0
-                if checkpoint_due(cfg, step):
-                    saving = time.perf_counter()
-                    last_checkpoint = actors.save(str(checkpoints), step + 1, data_position, logger.run_id,
-                                                  cfg.to_dict(), cfg.keep_last)
-                    checkpoint_s = time.perf_counter() - saving
-                # Logged after the checkpoint so that the step's record includes its saving time.
-                heads = actors.heads_metrics()
-                if consolidating is not None:
-                    heads[m.HEADS_UPDATE_WAIT_S] = update_wait_s
-                metrics = step_metrics(rollouts, trained, heads, weight_sync_s, checkpoint_s,
-                                       time.perf_counter() - step_started)
-                logger.log(step, metrics)
-                launched_rows.append({STEP_KEY: step, **metrics})
-                progress.update(step, metrics)
-                if on_step_end is not None:
-                    on_step_end(step, metrics, actors)
-        history = read_run(run_dir) if cfg.logger.jsonl else RunHistory(run_dir.name, launched_rows)
-        curves_file, table = run_report(history, run_dir / CURVES_NAME)
-        return {
-            "run_dir": str(run_dir),
-            "first_step": first_step,
-            "total_steps": cfg.total_steps,
-            "policy_version": actors.learner_version,
-            "data_position": stream.state_dict(),
-            "last_checkpoint": last_checkpoint,
-            "checkpoint_dir": str(checkpoints),
-            "config_file": str(run_dir / CONFIG_NAME),
-            "metrics_file": str(run_dir / JSONL_NAME) if cfg.logger.jsonl else None,
-            "wandb_run_id": logger.run_id,
-            "wandb_dir": wandb_location(logger),
-            "metrics": metrics,
-            "curves_file": curves_file,
-            "table": table,
-        }
-    except ActorFailedError as exc:
-        if logger is None:  # failed while starting: nothing ran that a resume would continue
-            raise
-        newest = latest_checkpoint(checkpoints)
-        advice = (f"the last complete checkpoint is {newest}; run again with resume=auto to continue from it"
-                  if newest else "no checkpoint was completed yet, so a rerun starts from step 0")
-        raise ActorFailedError(f"{exc}\n  {advice}") from exc
-    finally:
-        if logger is not None:
-            logger.close()
-        if actors is not None:
-            actors.shutdown()
-        if started_ray:
-            ray.shutdown()
+
+def start_rollouts(run: Run, step: int) -> LaunchedRollouts:
+    """Draw the step's prompts, push the latest policy, launch generation."""
+    batch = next(run.stream)
+    position = run.stream.state_dict()
+    started = time.perf_counter()
+    run.actors.sync_policy()
+    return LaunchedRollouts(run.actors.start_rollouts(step, batch), time.perf_counter() - started, position)
+
+
+def save_if_due(run: Run, step: int, data_position: dict) -> float:
+    """A checkpoint after step `step` when `checkpoint_every` asks for one; returns the seconds it took."""
+    cfg = run.cfg
+    if not checkpoint_due(cfg, step):
+        return 0.0
+    started = time.perf_counter()
+    run.last_checkpoint = run.actors.save(str(run.checkpoints), step + 1, data_position, run.logger.run_id,
+                                          cfg.to_dict(), cfg.keep_last)
+    return time.perf_counter() - started
+
+
+def heads_metrics(actors: RunActors, consolidating: PendingConsolidation | None,
+                  update_wait_s: float) -> dict[str, float]:
+    """The consolidation actor's heads/* and timing since the last step, with the wait for its update."""
+    heads = actors.heads_metrics()
+    if consolidating is not None:
+        heads[m.HEADS_UPDATE_WAIT_S] = update_wait_s
+    return heads
+
+
+def report(run: Run, steps: list[dict[str, float]]) -> RunSummary:
+    """The run's curves and end-of-run table (from metrics.jsonl, else this launch's steps) and where things are."""
+    cfg, run_dir = run.cfg, run.run_dir
+    if cfg.logger.jsonl:
+        history = read_run(run_dir)
+    else:
+        rows = [{STEP_KEY: step, **metrics} for step, metrics in enumerate(steps, start=run.first_step)]
+        history = RunHistory(run_dir.name, rows)
+    curves_file, table = run_report(history, run_dir / CURVES_NAME)
+    return RunSummary(
+        run_dir=str(run_dir),
+        first_step=run.first_step,
+        total_steps=cfg.total_steps,
+        policy_version=run.actors.learner_version,
+        data_position=run.stream.state_dict(),
+        last_checkpoint=run.last_checkpoint,
+        checkpoint_dir=str(run.checkpoints),
+        config_file=str(run_dir / CONFIG_NAME),
+        metrics_file=str(run_dir / JSONL_NAME) if cfg.logger.jsonl else None,
+        wandb_run_id=run.logger.run_id,
+        wandb_dir=wandb_location(run.logger),
+        metrics=steps[-1] if steps else {},
+        curves_file=curves_file,
+        table=table,
+    )
+
+
+def resume_advice(checkpoints: Path) -> str:
+    """What to do after an actor failed mid-run: continue from the newest complete checkpoint, if any."""
+    newest = latest_checkpoint(checkpoints)
+    if newest:
+        return f"the last complete checkpoint is {newest}; run again with resume=auto to continue from it"
+    return "no checkpoint was completed yet, so a rerun starts from step 0"
+
+
+def teardown(run: Run) -> None:
+    """Close what the run opened (the logger, the actors, Ray if started here), in that order."""
+    if run.logger is not None:
+        run.logger.close()
+    if run.actors is not None:
+        run.actors.shutdown()
+    if run.started_ray:
+        ray.shutdown()
 
 
 def check_runnable(cfg: TrainConfig) -> None:
@@ -225,7 +334,7 @@ def connect_ray(cluster: ClusterSection) -> bool:
     return True
 
 
-def collect_with_progress(actors: RunActors, pending, cfg: TrainConfig) -> Rollouts:
+def collect_with_progress(actors: RunActors, pending: PendingRollouts, cfg: TrainConfig) -> Rollouts:
     total = cfg.data.prompts_per_step * cfg.rollout.n
     with tqdm(total=total, desc=f"rollouts of step {pending.step}", unit="response", leave=False,
               disable=None) as bar:
@@ -275,24 +384,24 @@ def wandb_location(logger: MetricsLogger) -> str | None:
     return str(Path(run.dir).parent) if run.offline else run.url
 
 
-def describe(summary: dict) -> str:
-    first, total = summary["first_step"], summary["total_steps"]
+def describe(summary: RunSummary) -> str:
+    first, total = summary.first_step, summary.total_steps
     if first < total:
-        head = f"steps {first}-{total - 1} done, policy version {summary['policy_version']}"
+        head = f"steps {first}-{total - 1} done, policy version {summary.policy_version}"
     else:
         head = f"all {total} steps were already done (raise total_steps to go on, or use another run_dir)"
-    lines = [f"SpecRoll run in {summary['run_dir']}: {head}"]
-    if summary["wandb_dir"]:
-        sync = f"   (upload: wandb sync {summary['wandb_dir']})" if not summary["wandb_dir"].startswith("http") else ""
-        lines.append(f"  W&B run:      {summary['wandb_dir']}{sync}")
-    if summary["metrics_file"]:
-        lines.append(f"  metrics:      {summary['metrics_file']}")
-    lines.append(f"  checkpoints:  {summary['checkpoint_dir']}   (latest: {summary['last_checkpoint']})")
-    lines.append(f"  config:       {summary['config_file']}")
-    if summary.get("curves_file"):
-        lines.append(f"  curves:       {summary['curves_file']}")
-    if summary.get("table"):
-        lines += ["", "Summary:", summary["table"]]
+    lines = [f"SpecRoll run in {summary.run_dir}: {head}"]
+    if summary.wandb_dir:
+        sync = f"   (upload: wandb sync {summary.wandb_dir})" if not summary.wandb_dir.startswith("http") else ""
+        lines.append(f"  W&B run:      {summary.wandb_dir}{sync}")
+    if summary.metrics_file:
+        lines.append(f"  metrics:      {summary.metrics_file}")
+    lines.append(f"  checkpoints:  {summary.checkpoint_dir}   (latest: {summary.last_checkpoint})")
+    lines.append(f"  config:       {summary.config_file}")
+    if summary.curves_file:
+        lines.append(f"  curves:       {summary.curves_file}")
+    if summary.table:
+        lines += ["", "Summary:", summary.table]
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """Actors on a real local Ray cluster with a tiny model: two rollout actors, a learner and the
 head-consolidation actor take two GRPO steps; weights, heads and telemetry travel versioned."""
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,9 @@ from specroll.actors import (
 from specroll.configs import load_train_config
 from specroll.data import load_problems
 from specroll.models.flat_weights import FlatWeights
+from specroll.speculation import HorizonHeads
+from specroll.speculation.adaptation.consolidation import HeadConsolidator
+from specroll.speculation.drafting.heads_state import HeadsState
 from specroll.telemetry import metric_names as m
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -122,7 +126,7 @@ def test_two_grpo_steps_increment_the_policy_version(two_steps):
     assert steps[1]["rollouts"].prompt_indices == list(range(PROMPTS))
     assert len(steps[1]["rollouts"].engine_stats) == 2  # one per rollout actor
     assert actors.learner_version == 2
-    assert [v["policy"] for v in actors.rollout_call("versions")] == [2, 2]
+    assert [v.policy for v in actors.rollout_call("versions")] == [2, 2]
 
 
 def test_every_rollout_actor_scores_a_response_as_the_learner_does(two_steps):
@@ -155,18 +159,43 @@ def test_drift_telemetry_reaches_the_consolidation_actor(two_steps):
 def test_published_heads_reach_every_rollout_actor(two_steps):
     _, actors, problems, _ = two_steps
     initial = actors.rollout_call("heads_state")[0]
-    new_state = {k: v + 0.01 for k, v in initial["state"].items()}
-    assert actors.publish_heads(new_state) == initial["version"] + 1
-    assert [v["heads"] for v in actors.rollout_call("versions")] == [1, 1]
+    new_state = {k: v + 0.01 for k, v in initial.state.items()}
+    assert actors.publish_heads(new_state) == initial.version + 1
+    assert [v.heads for v in actors.rollout_call("versions")] == [1, 1]
     for held in actors.rollout_call("heads_state"):
-        assert all(torch.equal(held["state"][k], new_state[k]) for k in new_state)
+        assert held.version == 1 and all(torch.equal(held.state[k], new_state[k]) for k in new_state)
     # A stale broadcast never replaces newer heads.
-    assert actors.rollout_call("set_heads", 0, initial["state"]) == [1, 1]
+    assert actors.rollout_call("set_heads", replace(initial, version=0)) == [1, 1]
     metrics = actors.heads_metrics()
     assert metrics["heads/version"] == 1 and metrics["timing_s/head_sync"] > 0
     rollouts = actors.collect_rollouts(actors.start_rollouts(2, problems[:PROMPTS]))
     assert rollouts.head_version == 1
     wait_for(lambda: any(r.step == 2 and r.head_version == 1 for r in actors.drift_history()))
+
+
+def test_heads_saved_as_dicts_restore_the_consolidation_actor(two_steps, tmp_path):
+    """`heads.pt` holds plain dicts, in checkpoints old and new: they restore the heads and the slow path's state."""
+    cfg, actors, _, _ = two_steps
+    initial = actors.rollout_call("heads_state")[0]
+    spec = replace(cfg.rollout.speculation, adaptation="slow")
+    consolidator = HeadConsolidator(HorizonHeads.from_state(asdict(initial.meta), initial.state), spec.adaptation,
+                                    spec.drift, spec.consolidation)
+    consolidator.detector.step, consolidator.detector.triggers = 7, 2
+    torch.save({"version": 5, "state": initial.state, "meta": asdict(initial.meta),
+                "consolidation": consolidator.state_dict()}, tmp_path / "heads.pt")
+    restored = as_remote(HeadConsolidationActor, num_cpus=0).remote(60.0, spec)
+    saved = HeadsState.load(tmp_path / "heads.pt")
+    assert ray.get(restored.set_heads.remote(saved)) == 5
+    held = ray.get(restored.heads.remote())
+    assert held.meta == initial.meta and held.consolidation["detector"]["step"] == 7
+    assert ray.get(restored.step_stats.remote()).slow_path.drift_triggers == 2
+    # The oldest heads.pt holds the version and weights alone: the actor keeps the meta it has.
+    torch.save({"version": 6, "state": initial.state}, tmp_path / "heads.pt")
+    saved = HeadsState.load(tmp_path / "heads.pt")
+    assert saved.meta is None and ray.get(restored.set_heads.remote(saved)) == 6
+    held = ray.get(restored.heads.remote())
+    assert held.version == 6 and held.meta == initial.meta
+    ray.kill(restored)
 
 
 def test_a_rollout_actor_refuses_to_generate_with_another_policy_version(two_steps):

@@ -3,6 +3,7 @@ found and named, RNG states without pickle, export."""
 
 import json
 import random
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -23,7 +24,10 @@ from specroll.learner import (
     save_checkpoint,
     verify_checkpoint,
 )
+from specroll.learner.checkpoint import HEADS_FILE, CompletionMarker, file_records
 from specroll.models import CausalLM, build_tiny_model
+from specroll.speculation.drafting.heads import HeadsMeta
+from specroll.speculation.drafting.heads_state import HeadsState
 
 
 def random_samples(n: int, seed: int) -> GRPOSamples:
@@ -56,7 +60,8 @@ def test_resume_continues_exactly(tmp_path, zero_stage):
     first, second = random_samples(8, seed=1), random_samples(8, seed=2)
     learner = make_learner(zero_stage)
     learner.update(first)
-    heads = {"version": 3, "weights": {"proj": torch.arange(6.0).reshape(2, 3)}}
+    heads = HeadsState(3, {"proj": torch.arange(6.0).reshape(2, 3)}, HeadsMeta("path", 2, 3, "fingerprint"),
+                       consolidation={"detector": {"step": 4}})
     saved = save_checkpoint(
         learner,
         tmp_path,
@@ -78,7 +83,9 @@ def test_resume_continues_exactly(tmp_path, zero_stage):
     # 8 samples in mini-batches of 4: two optimizer steps per update.
     assert (state.step, state.policy_version, state.wandb_run_id) == (1, 2, "run-abc")
     assert state.data_position == {"epoch": 0, "next_prompt": 16}
-    assert state.heads["version"] == 3 and torch.equal(state.heads["weights"]["proj"], heads["weights"]["proj"])
+    assert (state.heads.version, state.heads.meta) == (3, heads.meta)
+    assert torch.equal(state.heads.state["proj"], heads.state["proj"])
+    assert state.heads.consolidation == {"detector": {"step": 4}}
     assert state.config["run"] == {"experiment": "resume-test"}
     assert state.config["learner"]["zero_stage"] == zero_stage
 
@@ -91,13 +98,33 @@ def test_resume_continues_exactly(tmp_path, zero_stage):
         torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6)
 
 
+def test_heads_saved_as_plain_dicts_resume_as_heads_state(tmp_path):
+    """`heads.pt` holds dicts (loaded with `weights_only`); the oldest lack "meta" and "consolidation"."""
+    learner = make_learner()
+    meta = HeadsMeta("path", 2, 3, "fingerprint")
+    weights = {"proj": torch.arange(6.0).reshape(2, 3)}
+    saved = [{"version": 1, "state": weights},
+             {"version": 2, "state": weights, "meta": asdict(meta), "consolidation": {"detector": {"step": 4}}}]
+    expected = [HeadsState(1, weights, None, None), HeadsState(2, weights, meta, {"detector": {"step": 4}})]
+    for step, (heads, want) in enumerate(zip(saved, expected), start=1):
+        path = save_checkpoint(learner, tmp_path, step=step)
+        torch.save(heads, path / HEADS_FILE)
+        (path / "COMPLETE").write_text(CompletionMarker(step, file_records(path)).to_json())
+        resumed = load_checkpoint(learner, path).heads
+        assert (resumed.version, resumed.meta, resumed.consolidation) == (want.version, want.meta, want.consolidation)
+        assert torch.equal(resumed.state["proj"], weights["proj"])
+    torch.save({"state": weights}, path / HEADS_FILE)
+    with pytest.raises(ValueError, match=r"heads.pt lacks \['version'\] of the saved heads"):
+        load_checkpoint(learner, path, verify=False)
+
+
 def test_interrupted_saves_are_ignored_and_cleaned_up(tmp_path):
     learner = make_learner()
     learner.update(random_samples(4, seed=3))
     good = save_checkpoint(learner, tmp_path, step=1)
     # A save that dies after DeepSpeed wrote its files: the heads cannot be pickled.
     with pytest.raises(Exception):
-        save_checkpoint(learner, tmp_path, step=2, heads={"not_picklable": lambda: None})
+        save_checkpoint(learner, tmp_path, step=2, heads=HeadsState(1, {"not_picklable": lambda: None}, None))
     assert (tmp_path / "step_00000002.tmp").is_dir()
     assert not (tmp_path / "step_00000002").exists()
     # A final-looking directory without the marker (e.g. copied by hand, half deleted).

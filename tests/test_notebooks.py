@@ -34,7 +34,7 @@ def tiny_runs(tmp_path_factory):
                 cfg = load_train_config(compose("config", overrides=[
                     "experiment=smoke", f"rollout={rollout}", f"run_dir={root / rollout}", "checkpoint_every=0",
                     "logger.console=false"]))
-            dirs[rollout] = Path(run_training(cfg)["run_dir"])
+            dirs[rollout] = Path(run_training(cfg).run_dir)
         return dirs
     finally:
         ray.shutdown()

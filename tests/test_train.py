@@ -62,28 +62,28 @@ def test_a_killed_rollout_actor_is_named_and_resume_auto_continues(ray_cluster, 
     assert "step_00000002; run again with resume=auto" in str(failure.value)
 
     summary = run_training(cfg)
-    assert summary["first_step"] == 2 and summary["policy_version"] == 3
+    assert summary.first_step == 2 and summary.policy_version == 3
     fresh = PromptStream(load_problems("synthetic", synthetic=cfg.data.synthetic), cfg.data.prompts_per_step,
                          cfg.seed, cfg.data.shuffle)
     for _ in range(3):
         next(fresh)
-    assert summary["data_position"] == fresh.state_dict()
-    rows = read_jsonl(summary["metrics_file"])
+    assert summary.data_position == fresh.state_dict()
+    rows = read_jsonl(summary.metrics_file)
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert [r["train/policy_version"] for r in rows] == [1, 2, 3]
     assert [r["rollout/policy_version"] for r in rows] == [0, 1, 2]
     assert all(r["timing_s/checkpoint"] > 0 and r["speculation/head_version"] == 0 for r in rows)
     # One W&B run: the resumed process wrote into the run the first one started.
-    runs = sorted((Path(cfg.run_dir) / "wandb").glob(f"offline-run-*-{summary['wandb_run_id']}"))
-    assert len(runs) == 2 and summary["wandb_dir"] in map(str, runs)
-    assert summary["last_checkpoint"].endswith("step_00000003")
+    runs = sorted((Path(cfg.run_dir) / "wandb").glob(f"offline-run-*-{summary.wandb_run_id}"))
+    assert len(runs) == 2 and summary.wandb_dir in map(str, runs)
+    assert summary.last_checkpoint.endswith("step_00000003")
 
 
 def test_hydra_overrides_change_what_runs(ray_cluster, tmp_path):
     cfg = config(tmp_path, ["rollout=vanilla", "rollout.max_new_tokens=8", "cluster.num_rollout_actors=2",
                             "cluster.learner_world_size=2", "cluster.overlap=true", "checkpoint_every=0"])
     summary = run_training(cfg)
-    rows = read_jsonl(summary["metrics_file"])
+    rows = read_jsonl(summary.metrics_file)
     assert [r["step"] for r in rows] == [0, 1]
     assert all(r["rollout/response_length_max"] <= 8 for r in rows)
     assert not any(name.startswith(("speculation/tokens", "heads/")) for r in rows for name in r)  # vanilla decoding
@@ -91,9 +91,9 @@ def test_hydra_overrides_change_what_runs(ray_cluster, tmp_path):
     # Overlap: step 1 was generated with the weights of before step 0's update.
     assert [r["rollout/policy_version"] for r in rows] == [0, 0]
     assert [r["train/policy_version"] for r in rows] == [1, 2]
-    assert summary["last_checkpoint"] is None and not Path(summary["checkpoint_dir"]).exists()
+    assert summary.last_checkpoint is None and not Path(summary.checkpoint_dir).exists()
     # The resolved config is saved with the run, overrides included.
-    saved = OmegaConf.to_container(OmegaConf.load(summary["config_file"]))
+    saved = OmegaConf.to_container(OmegaConf.load(summary.config_file))
     assert saved == cfg.to_dict() and saved["cluster"]["num_rollout_actors"] == 2
 
 
@@ -189,7 +189,7 @@ def test_head_updates_reach_the_rollout_actors_and_resume_keeps_the_detector(ray
     seen = []
 
     def heads_held(step, metrics, actors):
-        seen.append((metrics, [v["heads"] for v in actors.rollout_call("versions")]))
+        seen.append((metrics, [v.heads for v in actors.rollout_call("versions")]))
 
     run_training(config(tmp_path, [*SLOW, "rollout.speculation.adaptation=every_step", "total_steps=2"]), on_step_end=heads_held)
     (first, held_after_0), (second, held_after_1) = seen
@@ -229,9 +229,9 @@ def test_the_quickstart_preset_ends_with_its_table_and_curves(ray_cluster, tmp_p
             "experiment=quickstart", "model=tiny", "logger=none", f"run_dir={tmp_path / 'run'}",
             "learner.max_seq_len=256", "rollout.speculation.budget=fixed", "checkpoint_every=0", "total_steps=2"]))
     summary = run_training(cfg)
-    png = Path(summary["curves_file"])
+    png = Path(summary.curves_file)
     assert png.parent == tmp_path / "run" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = summary["table"]
+    table = summary.table
     for line in ("tokens per verify pass", "acceptance by depth", "generation tokens/s",
                  "reward mean, first -> last steps", "where the step's time went"):
         assert line in table

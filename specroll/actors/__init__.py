@@ -5,7 +5,7 @@ from .learner_actor import LearnerActor, LearnerUpdate
 from .placement import actor_device, as_remote
 from .remote_calls import ActorFailedError, ActorTimeoutError, gather
 from .rollout_actor import RolloutActor
-from .run_actors import PendingRollouts, RunActors
+from .run_actors import PendingConsolidation, PendingRollouts, RunActors
 
 __all__ = [
     "ActorFailedError",
@@ -14,6 +14,7 @@ __all__ = [
     "HeadConsolidationActor",
     "LearnerActor",
     "LearnerUpdate",
+    "PendingConsolidation",
     "PendingRollouts",
     "RolloutActor",
     "Rollouts",

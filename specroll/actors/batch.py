@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specroll.fastgrpo.online import DrafterUpdate
+from specroll.speculation.adaptation.head_records import HeadRecords
+
 
 def split_groups(num_prompts: int, parts: int) -> list[range]:
     """Contiguous ranges of prompt indices, one per part, sizes differing by at most one.
@@ -54,10 +57,8 @@ class Rollouts:
     rewards: list[float]
     correct: list[bool]
     engine_stats: list[dict] = field(default_factory=list)  # `RolloutEngine.generate` stats, one per actor
-    # Slow path: (HeadTelemetry, MaturedRecords or None) of each actor's generate call, for the consolidation actor.
-    head_records: list[tuple] = field(default_factory=list)
-    # rollout=fastgrpo: each actor's online drafter update (`fastgrpo.online.DrafterUpdate`) after generating.
-    drafter_updates: list = field(default_factory=list)
+    head_records: list[HeadRecords] = field(default_factory=list)  # slow path: each actor's, for consolidation
+    drafter_updates: list[DrafterUpdate] = field(default_factory=list)  # rollout=fastgrpo: each actor's online update
     gen_s: float = 0.0  # slowest actor's generation time
     reward_s: float = 0.0  # slowest actor's scoring time
 

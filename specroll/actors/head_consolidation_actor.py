@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 import ray
 import torch
@@ -23,8 +23,10 @@ import torch
 from specroll.models.flat_weights import FlatWeights
 from specroll.speculation import HorizonHeads, SpeculationConfig
 from specroll.speculation.adaptation.consolidation import HeadConsolidator
-from specroll.speculation.adaptation.drift import HeadTelemetry, merge_telemetry
-from specroll.speculation.adaptation.replay import MaturedRecords, cat_records
+from specroll.speculation.adaptation.drift import merge_telemetry
+from specroll.speculation.adaptation.head_records import HeadRecords
+from specroll.speculation.adaptation.replay import cat_records
+from specroll.speculation.drafting.heads_state import HeadsState
 from specroll.telemetry import metric_names as m
 
 from .placement import actor_device
@@ -79,8 +81,47 @@ class ConsolidationReport:
     drift_z_max: float | None  # largest robust z at this step's check (None: no check)
 
 
+@dataclass(frozen=True)
+class SlowPathStats:
+    """The slow path's counters when the driver asks for them."""
+
+    updates: int  # head updates run since the actor started
+    update_s: float  # seconds spent updating heads since the previous ask
+    replay_records: int  # matured records in the replay memory
+    replay_dropped: int  # records the replay memory's cap has evicted since the start of the run
+    drift_triggers: int  # drift events since the start of the run
+    loss: float | None  # training loss of this step's update; None without one
+    drift_z_max: float | None  # largest robust z at this step's drift check; None without a check
+
+
+@dataclass(frozen=True)
+class HeadsStepStats:
+    """What the head-consolidation actor did since the driver last asked: its heads/* metrics."""
+
+    head_sync_s: float  # seconds spent broadcasting heads to the rollout actors
+    version: int | None  # of the heads every rollout actor drafts with; None before the initial heads
+    slow_path: SlowPathStats | None  # None without a slow-path adaptation
+
+    def metrics(self) -> dict[str, float]:
+        """timing_s/head_sync, heads/version and the slow path's heads/*."""
+        metrics = {m.TIME_HEAD_SYNC: self.head_sync_s}
+        if self.version is not None:
+            metrics[m.HEADS_VERSION] = float(self.version)
+        slow = self.slow_path
+        if slow is not None:
+            metrics.update({m.HEADS_UPDATES: float(slow.updates), m.HEADS_UPDATE_S: slow.update_s,
+                            m.HEADS_REPLAY_RECORDS: float(slow.replay_records),
+                            m.HEADS_REPLAY_DROPPED: float(slow.replay_dropped),
+                            m.HEADS_DRIFT_TRIGGERS: float(slow.drift_triggers)})
+            if slow.loss is not None:
+                metrics[m.HEADS_LOSS] = slow.loss
+            if slow.drift_z_max is not None:
+                metrics[m.HEADS_DRIFT_Z_MAX] = slow.drift_z_max
+        return metrics
+
+
 class HeadConsolidationActor:
-    """Holds `(version, head weights)`, keeps the latest drift records, pushes heads to rollout
+    """Holds the current `HeadsState`, keeps the latest drift records, pushes heads to rollout
     actors, and runs the slow path when the run's adaptation has one.
 
     Rollout actors never wait on this actor (they send telemetry without waiting for an
@@ -91,13 +132,11 @@ class HeadConsolidationActor:
         self.timeout_s = timeout_s
         self.spec = spec if spec is not None and spec.uses_slow_path else None
         self.records: deque[DriftRecord] = deque(maxlen=history_size)
-        self.version: int | None = None
-        self.state: dict[str, torch.Tensor] | None = None
-        self.meta: dict | None = None
+        self.current: HeadsState | None = None  # what every rollout actor drafts with; no slow-path state
         self.consolidator: HeadConsolidator | None = None
         self.policy: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (version, LM head, embeddings)
         self.rollout_actors: list = []
-        self.sync_s = 0.0  # broadcast time not yet reported by `step_metrics`
+        self.sync_s = 0.0  # broadcast time not yet reported by `step_stats`
         self.update_s = 0.0  # update time not yet reported
         self.updates = 0  # updates run since the run began
         self.report: ConsolidationReport | None = None
@@ -113,37 +152,46 @@ class HeadConsolidationActor:
         """The kept drift records, oldest first."""
         return list(self.records)
 
-    def set_heads(self, heads: Mapping) -> int:
-        """Adopt `{"version", "state", "meta"[, "consolidation"]}` as they are (the run's initial
-        heads, or a checkpoint's, with the slow path's state) and broadcast them. Returns the version."""
-        self.version = int(heads["version"])
-        self.state = {k: v.detach().to("cpu", copy=True) for k, v in heads["state"].items()}
-        self.meta = dict(heads.get("meta") or self.meta or {})
+    def set_heads(self, heads: HeadsState) -> int:
+        """Adopt `heads` as they are (the run's initial heads, or a checkpoint's with the slow path's
+        state) and broadcast them; heads without meta keep the current meta. Returns their version."""
+        meta = heads.meta
+        if meta is None and self.current is not None:
+            meta = self.current.meta
+        state = {k: v.detach().to("cpu", copy=True) for k, v in heads.state.items()}
+        self.current = HeadsState(heads.version, state, meta)
         if self.spec is not None:
-            built = HorizonHeads.from_state({**self.meta, "version": self.version}, self.state)
-            self.consolidator = HeadConsolidator(built, self.spec.adaptation, self.spec.drift, self.spec.consolidation)
-            if heads.get("consolidation") is not None:
-                self.consolidator.load_state_dict(heads["consolidation"])
+            self.consolidator = self.build_consolidator(heads.consolidation)
         self.broadcast()
-        return self.version
+        return self.current.version
+
+    def build_consolidator(self, saved: dict | None) -> HeadConsolidator:
+        """The slow path over the current heads, resuming from its `saved` state when given."""
+        current = self.current
+        if current.meta is None:
+            raise ValueError("the slow path needs the heads' meta (type, sizes, base model); these heads came without")
+        built = HorizonHeads.from_state(asdict(replace(current.meta, version=current.version)), current.state)
+        consolidator = HeadConsolidator(built, self.spec.adaptation, self.spec.drift, self.spec.consolidation)
+        if saved is not None:
+            consolidator.load_state_dict(saved)
+        return consolidator
 
     def publish_heads(self, state: Mapping[str, torch.Tensor]) -> int:
         """New head weights: the version goes up by one and every rollout actor receives them
         (between two of its generate calls). Returns the new version."""
-        if self.state is None:
+        current = self.current
+        if current is None:
             raise ValueError("no heads yet: set_heads must give the initial heads before a publish")
-        if set(state) != set(self.state):
-            raise ValueError(f"published heads have keys {sorted(state)}, expected {sorted(self.state)}")
-        return self.set_heads({"version": self.version + 1, "state": state,
-                               "consolidation": None if self.consolidator is None else self.consolidator.state_dict()})
+        if set(state) != set(current.state):
+            raise ValueError(f"published heads have keys {sorted(state)}, expected {sorted(current.state)}")
+        return self.set_heads(HeadsState(current.version + 1, dict(state), current.meta, self.consolidator_state()))
 
-    def heads(self) -> dict | None:
-        """`{"version", "state", "meta", "consolidation"}` of the current heads and the slow path's
-        state (what a checkpoint stores), or None."""
-        if self.state is None:
-            return None
-        return {"version": self.version, "state": self.state, "meta": self.meta,
-                "consolidation": None if self.consolidator is None else self.consolidator.state_dict()}
+    def heads(self) -> HeadsState | None:
+        """The current heads with the slow path's state (what a checkpoint stores); None before the initial heads."""
+        return None if self.current is None else replace(self.current, consolidation=self.consolidator_state())
+
+    def consolidator_state(self) -> dict | None:
+        return None if self.consolidator is None else self.consolidator.state_dict()
 
     def load_policy(self, version: int, weights: FlatWeights) -> int:
         """The learner's policy `version`: the slow path trains heads against its LM head and embeddings."""
@@ -157,14 +205,14 @@ class HeadConsolidationActor:
         self.policy = (version, lm_head, embed)
         return version
 
-    def consolidate(self, step: int, parts: list[tuple[HeadTelemetry, MaturedRecords | None]]) -> ConsolidationReport:
+    def consolidate(self, step: int, parts: list[HeadRecords]) -> ConsolidationReport:
         """One step's telemetry and records from every rollout actor: drift check, and an update
         of the named heads when one is due; a kept update is broadcast before this returns."""
         if self.consolidator is None or self.policy is None:
             raise ValueError("consolidate needs rollout.speculation.adaptation with a slow path, initial heads and a policy")
         version, lm_head, embed = self.policy
-        telemetry = merge_telemetry([t for t, _ in parts])
-        kept = [r for _, r in parts if r is not None and len(r)]
+        telemetry = merge_telemetry([part.telemetry for part in parts])
+        kept = [part.matured for part in parts if part.matured is not None and len(part.matured)]
         asked = self.consolidator.observe(telemetry, cat_records(kept) if kept else None, version)
         check = self.consolidator.last_check
         result = self.consolidator.update(asked, lm_head, embed, seed=step) if asked else None
@@ -173,7 +221,7 @@ class HeadConsolidationActor:
             self.update_s += result.seconds
             if result.committed:
                 state = {k: v.detach().to("cpu", copy=True) for k, v in self.consolidator.heads.state_dict().items()}
-                self.version, self.state = result.version, state
+                self.current = HeadsState(result.version, state, self.current.meta)
                 self.broadcast()
         self.report = ConsolidationReport(step, tuple(asked), bool(result and result.committed),
                                           result.seconds if result else 0.0, result.loss if result else None,
@@ -182,26 +230,20 @@ class HeadConsolidationActor:
 
     def broadcast(self) -> None:
         started = time.perf_counter()
-        shared = ray.put(self.state)  # one object; every rollout actor reads the same one
-        calls = [(f"rollout actor {i}", actor.set_heads.remote(self.version, shared))
-                 for i, actor in enumerate(self.rollout_actors)]
-        gather(calls, f"set_heads (head version {self.version})", self.timeout_s)
+        shared = ray.put(self.current)  # one object; every rollout actor reads the same one
+        calls = [(f"rollout actor {i}", actor.set_heads.remote(shared)) for i, actor in enumerate(self.rollout_actors)]
+        gather(calls, f"set_heads (head version {self.current.version})", self.timeout_s)
         self.sync_s += time.perf_counter() - started
 
-    def step_metrics(self) -> dict[str, float]:
-        """heads/* and the broadcast time since the previous call (timing_s/head_sync)."""
-        metrics = {m.TIME_HEAD_SYNC: self.sync_s}
-        if self.version is not None:
-            metrics[m.HEADS_VERSION] = float(self.version)
+    def step_stats(self) -> HeadsStepStats:
+        """The broadcast time and the slow path's counters since the previous call."""
+        slow, report = None, self.report
         if self.consolidator is not None:
-            replay, detector = self.consolidator.replay, self.consolidator.detector
-            metrics.update({m.HEADS_UPDATES: float(self.updates), m.HEADS_UPDATE_S: self.update_s,
-                            m.HEADS_REPLAY_RECORDS: float(len(replay)), m.HEADS_REPLAY_DROPPED: float(replay.dropped),
-                            m.HEADS_DRIFT_TRIGGERS: float(detector.triggers)})
-            if self.report is not None and self.report.loss is not None:
-                metrics[m.HEADS_LOSS] = self.report.loss
-            if self.report is not None and self.report.drift_z_max is not None:
-                metrics[m.HEADS_DRIFT_Z_MAX] = self.report.drift_z_max
+            replay = self.consolidator.replay
+            slow = SlowPathStats(self.updates, self.update_s, len(replay), replay.dropped,
+                                 self.consolidator.detector.triggers, None if report is None else report.loss,
+                                 None if report is None else report.drift_z_max)
+        stats = HeadsStepStats(self.sync_s, None if self.current is None else self.current.version, slow)
         self.sync_s = self.update_s = 0.0
         self.report = None
-        return metrics
+        return stats

@@ -10,6 +10,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import ray
 import torch
@@ -20,6 +21,7 @@ from specroll.learner.checkpoint import ResumeState
 from specroll.learner.grpo_learner import free_port
 from specroll.models import resolve_dtype
 from specroll.models.flat_weights import FlatWeights
+from specroll.speculation.drafting.heads_state import HeadsState
 
 from .batch import Rollouts
 from .placement import actor_device, use_cpus
@@ -42,6 +44,20 @@ class LearnerUpdate:
                    sum(r.tokens for r in ranks))
 
 
+class MasterAddress(NamedTuple):
+    """Where learner rank 0 listens for the process group."""
+
+    host: str  # its node's address
+    port: int  # a free port there
+
+
+class VersionedWeights(NamedTuple):
+    """The policy a learner rank hands out; a NamedTuple so that Ray returns its fields as two objects."""
+
+    version: int  # the learner's policy version
+    weights: FlatWeights | None  # in the rollout replicas' dtype on rank 0; None on the other ranks
+
+
 class LearnerActor:
     """One learner rank. `setup` joins the process group and builds the `GRPOLearner`."""
 
@@ -52,9 +68,9 @@ class LearnerActor:
         self.packed: FlatWeights | None = None  # rank 0: the buffers of the last weights handed out
         self.threads = phase_threads(cfg.cluster, node_cores()).learner  # while training
 
-    def master_address(self) -> tuple[str, int]:
-        """Where rank 0 listens for the process group: this node's address and a free port."""
-        return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1", free_port()
+    def master_address(self) -> MasterAddress:
+        """This node's address and a free port, for rank 0 to listen on."""
+        return MasterAddress(ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1", free_port())
 
     def setup(self, master_addr: str, master_port: int) -> int:
         """Join the process group and wrap the initial policy in DeepSpeed; returns the policy version."""
@@ -87,23 +103,23 @@ class LearnerActor:
         done = time.perf_counter()
         return LearnerUpdate(metrics, scored - started, done - scored, sum(samples.sequence_lengths()))
 
-    def policy_weights(self) -> tuple[int, FlatWeights | None]:
-        """`(version, weights in the rollout replicas' dtype)` on rank 0, `(version, None)` on the
-        others (ZeRO-3 gathers the weights collectively, so every rank takes part)."""
+    def policy_weights(self) -> VersionedWeights:
+        """The current policy, its weights on rank 0 only (ZeRO-3 gathers the weights collectively,
+        so every rank takes part)."""
         if self.rank != 0:
             with self.learner.gathered_state():
-                return self.learner.version, None
+                return VersionedWeights(self.learner.version, None)
         with self.learner.gathered_state() as state:
             # Ray copies the returned buffers into the object store, so the next sync may reuse them.
             self.packed = FlatWeights.pack(state, resolve_dtype(self.cfg.model.dtype), into=self.packed)
-        return self.learner.version, self.packed
+        return VersionedWeights(self.learner.version, self.packed)
 
     def response_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """Log-probs of given responses under the current policy at the training temperature."""
         samples = GRPOSamples(prompt_ids, response_ids, torch.zeros(len(response_ids)))
         return [lp.tolist() for lp in self.learner.compute_logprobs(samples)]
 
-    def save(self, root: str, step: int, data_position: dict, heads: dict | None, wandb_run_id: str | None,
+    def save(self, root: str, step: int, data_position: dict, heads: HeadsState | None, wandb_run_id: str | None,
              run_config: dict, keep_last: int, drafter: list | None = None) -> str:
         """Write the run checkpoint for `step` (completed steps) under `root`; returns its path."""
         path = save_checkpoint(self.learner, root, step, data_position=data_position, heads=heads,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,11 +23,20 @@ from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
 from specroll.models.flat_weights import FlatWeights
 from specroll.rollout import RolloutEngine
 from specroll.speculation import HorizonHeads
+from specroll.speculation.drafting.heads_state import HeadsState
 
 from .batch import Rollouts, prompt_key
 from .head_consolidation_actor import DriftRecord
 from .placement import actor_device, use_cpus
 from .threads import node_cores, phase_threads, use_threads
+
+
+@dataclass(frozen=True)
+class ReplicaVersions:
+    """The versions a rollout actor generates with."""
+
+    policy: int | None  # the learner's policy version it holds; None before the first sync
+    heads: int | None  # its draft heads' version; None without horizon heads
 
 
 class RolloutActor:
@@ -60,9 +69,8 @@ class RolloutActor:
     def heads(self) -> HorizonHeads | None:
         return self.engine.decoder.heads if self.cfg.rollout.speculates else None
 
-    def versions(self) -> dict[str, int | None]:
-        """`{"policy": ..., "heads": ...}`: the versions this replica generates with (None: none yet / vanilla)."""
-        return {"policy": self.policy_version, "heads": None if self.heads is None else self.heads.version}
+    def versions(self) -> ReplicaVersions:
+        return ReplicaVersions(self.policy_version, None if self.heads is None else self.heads.version)
 
     def load_policy(self, version: int, weights: FlatWeights) -> int:
         """Replace all policy weights with the learner's `version`, in place (read from the object store without a copy)."""
@@ -70,25 +78,25 @@ class RolloutActor:
         self.policy_version = version
         return version
 
-    def heads_state(self) -> dict | None:
-        """`{"version", "state"}` of the draft heads on the CPU; None for vanilla decoding."""
+    def heads_state(self) -> HeadsState | None:
+        """The draft heads, copied to the CPU; None without horizon heads."""
         if self.heads is None:
             return None
-        return {"version": self.heads.version, "meta": asdict(self.heads.meta()),
-                "state": {k: v.detach().to("cpu", copy=True) for k, v in self.heads.state_dict().items()}}
+        state = {k: v.detach().to("cpu", copy=True) for k, v in self.heads.state_dict().items()}
+        return HeadsState(self.heads.version, state, self.heads.meta())
 
-    def set_heads(self, version: int, state: dict[str, torch.Tensor]) -> int:
-        """Draft with heads `version` from the next generate call on; an older version is ignored."""
+    def set_heads(self, heads: HeadsState) -> int:
+        """Draft with `heads` from the next generate call on; an older version is ignored. Returns the version held."""
         current = self.heads
         if current is None:
             raise ValueError("rollout.mode is 'vanilla': this actor has no draft heads")
-        if version < current.version:
+        if heads.version < current.version:
             return current.version
-        heads = copy.deepcopy(current)
-        heads.load_state_dict(state)
-        heads.version = version
-        self.engine.decoder.set_heads(heads)
-        return version
+        updated = copy.deepcopy(current)
+        updated.load_state_dict(heads.state)
+        updated.version = heads.version
+        self.engine.decoder.set_heads(updated)
+        return heads.version
 
     def last_rollout_stats(self) -> dict | None:
         """The engine stats of the last generate call (per decode step: `active_rows_per_step`, and

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import ray
+import torch
 
 from specroll.configs import TrainConfig
 from specroll.data import Problem
@@ -37,6 +38,11 @@ def learner_name(rank: int) -> str:
 class PendingRollouts(NamedTuple):
     step: int
     calls: list  # (rollout actor name, pending `Rollouts`)
+
+
+class PendingConsolidation(NamedTuple):
+    step: int
+    call: ray.ObjectRef  # the head-consolidation actor's pending `ConsolidationReport`
 
 
 class RunActors:
@@ -74,8 +80,9 @@ class RunActors:
 
     def wait_until_ready(self) -> None:
         what = "start-up (a hang here can mean the Ray cluster lacks the CPUs / GPUs that cluster.* asks for)"
-        (address, port), = gather([(learner_name(0), self.learners[0].master_address.remote())], what, self.timeout_s)
-        calls = [(learner_name(r), learner.setup.remote(address, port)) for r, learner in enumerate(self.learners)]
+        address, = gather([(learner_name(0), self.learners[0].master_address.remote())], what, self.timeout_s)
+        calls = [(learner_name(r), learner.setup.remote(address.host, address.port))
+                 for r, learner in enumerate(self.learners)]
         calls += [(rollout_name(i), actor.versions.remote()) for i, actor in enumerate(self.rollout)]
         self.learner_version = gather(calls, what, self.timeout_s)[0]
         if self.consolidation is not None:
@@ -122,20 +129,20 @@ class RunActors:
     def slow_path(self) -> bool:
         return self.cfg.rollout.speculates and self.cfg.rollout.speculation.uses_slow_path
 
-    def start_consolidation(self, rollouts: Rollouts):
+    def start_consolidation(self, rollouts: Rollouts) -> PendingConsolidation | None:
         """Hand the step's head telemetry and records to the consolidation actor; its drift check
         and any head update run while the learner trains. None without a slow path."""
         if not self.slow_path:
             return None
-        return rollouts.step, self.consolidation.consolidate.remote(rollouts.step, rollouts.head_records)
+        return PendingConsolidation(rollouts.step,
+                                    self.consolidation.consolidate.remote(rollouts.step, rollouts.head_records))
 
-    def finish_consolidation(self, pending) -> float:
+    def finish_consolidation(self, pending: PendingConsolidation | None) -> float:
         """Wait for the step's consolidation (the head update and its broadcast); returns the seconds waited."""
         if pending is None:
             return 0.0
         started = time.perf_counter()
-        step, call = pending
-        gather([(CONSOLIDATION, call)], f"consolidate (step {step})", self.timeout_s)
+        gather([(CONSOLIDATION, pending.call)], f"consolidate (step {pending.step})", self.timeout_s)
         return time.perf_counter() - started
 
     def train(self, rollouts: Rollouts) -> LearnerUpdate:
@@ -181,12 +188,13 @@ class RunActors:
         return self.cfg.rollout.mode == "fastgrpo" and self.cfg.rollout.fastgrpo.online.enabled
 
     def heads_metrics(self) -> dict[str, float]:
-        """heads/version and timing_s/head_sync since the last call; empty without speculation."""
+        """timing_s/head_sync and heads/* since the last call (`HeadsStepStats`); empty without speculation."""
         if self.consolidation is None:
             return {}
-        return gather([(CONSOLIDATION, self.consolidation.step_metrics.remote())], "step_metrics", self.timeout_s)[0]
+        stats = gather([(CONSOLIDATION, self.consolidation.step_stats.remote())], "step_stats", self.timeout_s)[0]
+        return stats.metrics()
 
-    def publish_heads(self, state: dict) -> int:
+    def publish_heads(self, state: dict[str, torch.Tensor]) -> int:
         """New draft-head weights for every rollout actor; returns their version."""
         return gather([(CONSOLIDATION, self.consolidation.publish_heads.remote(state))], "publish_heads",
                       self.timeout_s)[0]

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from specroll.models import ModelConfig, to_hf_state_dict
+from specroll.speculation.drafting.heads_state import HeadsState
 
 COMPLETE_MARKER = "COMPLETE"
 STATE_FILE = "state.json"
@@ -153,7 +154,7 @@ class ResumeState:
     step: int
     policy_version: int
     data_position: dict[str, Any]
-    heads: dict[str, Any] | None
+    heads: HeadsState | None  # the draft heads and the slow path's state; None when none were saved
     wandb_run_id: str | None
     config: dict[str, Any]
     drafter: list[dict[str, Any]] | None = None  # per rollout actor: its FastGRPO drafter's online-learning state
@@ -272,7 +273,7 @@ def save_checkpoint(
     root: str | Path,
     step: int,
     data_position: dict[str, Any] | None = None,
-    heads: dict[str, Any] | None = None,
+    heads: HeadsState | None = None,
     wandb_run_id: str | None = None,
     run_config: dict[str, Any] | None = None,
     keep_last: int | None = 3,
@@ -285,7 +286,7 @@ def save_checkpoint(
         root: directory holding the run's checkpoints (shared by all ranks).
         step: the run's step counter; names the checkpoint.
         data_position: JSON-able position of the prompt stream.
-        heads: draft-head weights and version (anything `torch.save` takes).
+        heads: the draft heads and the slow path's state, kept as `heads.pt`.
         wandb_run_id: to resume logging into the same W&B run.
         run_config: the run's whole resolved config (JSON-able), kept for the record.
         keep_last: keep this many newest checkpoints; None keeps all.
@@ -313,7 +314,7 @@ def save_checkpoint(
         }
         write_durably(tmp / STATE_FILE, json.dumps(state, indent=2))
         if heads is not None:
-            torch.save(heads, tmp / HEADS_FILE)
+            heads.save(tmp / HEADS_FILE)
         if drafter is not None:
             torch.save(drafter, tmp / DRAFTER_FILE)
         write_durably(tmp / COMPLETE_MARKER, CompletionMarker(step, file_records(tmp)).to_json())
@@ -376,7 +377,7 @@ def load_checkpoint(learner, path: str | Path, verify: bool = True) -> ResumeSta
     learner.version = int(state["policy_version"])
     restore_rng_file(rng_file)
     heads_file = path / HEADS_FILE
-    heads = torch.load(heads_file, weights_only=True) if heads_file.is_file() else None
+    heads = HeadsState.load(heads_file) if heads_file.is_file() else None
     drafter_file = path / DRAFTER_FILE
     drafter = torch.load(drafter_file, weights_only=True) if drafter_file.is_file() else None
     return ResumeState(

@@ -15,6 +15,8 @@ record has no realised token (-1: no NLL term). Telemetry always comes from the 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..drafting.heads import draft_policy_top
@@ -53,6 +55,13 @@ def target_top(logits: torch.Tensor, matured: MaturedProposals,
     restricted to the heads' draft vocabulary: what heads with one are trained to draft."""
     logp, ids, _ = draft_policy_top(logits, matured.row, matured.node, draft_vocab, TARGET_TOP_K)
     return logp, ids
+
+
+class HeadRecords(NamedTuple):
+    """What one rollout actor's generate calls tell the slow path."""
+
+    telemetry: HeadTelemetry  # every verify pass's, merged
+    matured: MaturedRecords | None  # the reservoir sample of matured records; None: none matured
 
 
 class RecordCollector:
@@ -134,10 +143,10 @@ class RecordCollector:
             merged, self.keys = merged.select(stay), self.keys[stay]
         self.kept = merged
 
-    def pop(self) -> tuple[HeadTelemetry, MaturedRecords | None]:
+    def pop(self) -> HeadRecords:
         """The call's telemetry (all passes merged) and record sample; starts afresh."""
         buckets = len(self.edges) + 1
         telemetry = merge_telemetry(self.telemetry) if self.telemetry else HeadTelemetry.zeros(self.num_heads, buckets)
         kept = self.kept
         self.reset()
-        return telemetry, kept
+        return HeadRecords(telemetry, kept)

@@ -1,0 +1,40 @@
+"""The draft heads as they travel: from a rollout actor to the head-consolidation actor, from it to
+every rollout actor, and into and out of a run checkpoint's `heads.pt`."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .heads import HeadsMeta
+
+
+@dataclass(frozen=True)
+class HeadsState:
+    """One version of the draft heads, and the slow path's state that goes with it."""
+
+    version: int  # bumped by every published head update
+    state: dict[str, torch.Tensor]  # `HorizonHeads.state_dict()`, on the CPU
+    meta: HeadsMeta | None  # what the heads are (type, sizes, base model); None: the holder's own
+    consolidation: dict[str, Any] | None = None  # `HeadConsolidator.state_dict()`; None without one, in broadcasts
+
+    def save(self, path: str | Path) -> None:
+        """As a run checkpoint's `heads.pt`: dicts, tensors and numbers only, so that it loads with
+        `weights_only=True` and names no class of ours (a moved module cannot break loading)."""
+        meta = None if self.meta is None else asdict(self.meta)
+        torch.save({"version": self.version, "state": self.state, "meta": meta, "consolidation": self.consolidation},
+                   path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> HeadsState:
+        """What `save` wrote; a file without "meta" or "consolidation" (the oldest checkpoints)
+        loads with None there."""
+        saved = torch.load(path, weights_only=True)
+        missing = {"version", "state"} - set(saved)
+        if missing:
+            raise ValueError(f"{path} lacks {sorted(missing)} of the saved heads; it holds {sorted(saved)}")
+        meta = saved.get("meta")
+        return cls(version=int(saved["version"]), state=dict(saved["state"]),
+                   meta=HeadsMeta(**meta) if meta else None, consolidation=saved.get("consolidation"))
