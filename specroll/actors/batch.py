@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specroll.rollout.stats import GenerationStats
+
 
 def split_groups(num_prompts: int, parts: int) -> list[range]:
     """Contiguous ranges of prompt indices, one per part, sizes differing by at most one.
@@ -53,7 +55,7 @@ class Rollouts:
     finish_reasons: list[str]
     rewards: list[float]
     correct: list[bool]
-    engine_stats: list[dict] = field(default_factory=list)  # `RolloutEngine.generate` stats, one per actor
+    engine_stats: list[GenerationStats] = field(default_factory=list)  # `RolloutEngine.generate` stats, one per actor
     # Slow path: (HeadTelemetry, MaturedRecords or None) of each actor's generate call, for the consolidation actor.
     head_records: list[tuple] = field(default_factory=list)
     # rollout=fastgrpo: each actor's online drafter update (`fastgrpo.online.DrafterUpdate`) after generating.
