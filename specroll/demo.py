@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from specroll.speculation import SpeculationConfig
+from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 
 from .data import SyntheticConfig, format_prompt, generate_synthetic, math_reward
 from .models import load_causal_lm
@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
 
     engines = {
         "vanilla": RolloutEngine(model, tokenizer, show_progress=True),
-        "specroll": RolloutEngine(model, tokenizer, spec=SpeculationConfig(heads_path="shipped"), show_progress=True),
+        "specroll": RolloutEngine(model, tokenizer, SpeculativeDecoder(model, SpeculationConfig(heads_path="shipped")),
+                                  show_progress=True),
     }
     results = {}
     for name, engine in engines.items():
@@ -48,9 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nQ: {problems[0].question}\nA (specroll sample): {results['specroll'][1][0].strip()}\n")
     print(f"{'engine':>9} {'tokens':>7} {'tok/s':>7} {'tok/step':>8} {'reward':>7}")
     for name, (out, _, reward) in results.items():
-        per_step = out.stats.get("tokens_per_step_mean", 1.0)
-        print(f"{name:>9} {out.stats['tokens']:7d} {out.stats['tokens_per_s']:7.1f} {per_step:8.2f} {reward:7.2f}")
-    speedup = results["specroll"][0].stats["tokens_per_s"] / results["vanilla"][0].stats["tokens_per_s"]
+        per_step = out.stats.tree.tokens_per_step_mean if out.stats.tree is not None else 1.0
+        print(f"{name:>9} {out.stats.tokens:7d} {out.stats.tokens_per_s:7.1f} {per_step:8.2f} {reward:7.2f}")
+    speedup = results["specroll"][0].stats.tokens_per_s / results["vanilla"][0].stats.tokens_per_s
     print(f"\nspeculative / vanilla tokens per second: {speedup:.2f}x (samples differ, distributions are identical)")
 
 

@@ -25,6 +25,7 @@ from specroll.actors import (
 from specroll.configs import load_train_config
 from specroll.data import load_problems
 from specroll.models.flat_weights import FlatWeights
+from specroll.rollout import TreeStats
 from specroll.speculation import HorizonHeads
 from specroll.speculation.adaptation.consolidation import HeadConsolidator
 from specroll.speculation.drafting.heads_state import HeadsState
@@ -79,8 +80,10 @@ def test_rollouts_concat_in_prompt_order_and_select_whole_groups():
 
 
 def test_drift_record_from_engine_stats():
-    stats = {"verify_steps": 3, "tokens_per_step_mean": 1.5, "acceptance_by_depth": [0.5, 0.25],
-             "budget_per_step": [4, 2, 3]}
+    stats = TreeStats(verify_steps=3, budget_per_step=[4, 2, 3], tokens_per_step_hist={1: 2, 2: 2},
+                      tokens_per_step_mean=1.5, drafted_response_steps=3, drafted_tokens=5,
+                      acceptance_by_depth=[0.5, 0.25], lookup_token_share=0.0, time_draft_s=0.1, time_verify_s=0.2,
+                      time_bookkeeping_s=0.1)
     record = DriftRecord.from_stats(stats, actor_index=1, step=7, policy_version=2, head_version=5)
     assert record.acceptance_by_depth == (0.5, 0.25)
     assert (record.budget_mean, record.budget_min, record.budget_max) == (3.0, 2, 4)

@@ -8,10 +8,12 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
 from specroll.configs import ModelSection, TrainConfig, load_train_config, validate_against_model
-from specroll.fastgrpo import FastGRPOConfig, OnlineConfig
+from specroll.decoders import build_decoder
+from specroll.fastgrpo import FastGRPOConfig, FastGRPODecoder, OnlineConfig
 from specroll.learner import LearnerConfig
 from specroll.models import build_tiny_model, tiny_config
-from specroll.speculation import SpeculationConfig
+from specroll.rollout import PlainDecoder, RolloutEngine, SamplingParams
+from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.config import ADAPTATION_MODES
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -66,11 +68,27 @@ def test_rollout_modes_and_adaptations_switch_by_override(adaptation):
     """What the comparison command races: rollout=vanilla | fastgrpo | specroll with each adaptation."""
     fast = load(["rollout=fastgrpo", "rollout.fastgrpo.capacity=32", "rollout.fastgrpo.online.enabled=false"])
     assert fast.rollout.mode == "fastgrpo" and not fast.rollout.speculates
-    assert fast.rollout.decoding == FastGRPOConfig(capacity=32, online=OnlineConfig(enabled=False))
+    assert fast.rollout.fastgrpo == FastGRPOConfig(capacity=32, online=OnlineConfig(enabled=False))
     assert fast.rollout.max_tokens_per_step == 32
     spec = load([f"rollout.speculation.adaptation={adaptation}"])
-    assert spec.rollout.decoding is spec.rollout.speculation and spec.rollout.speculation.adaptation == adaptation
-    assert load(["rollout=vanilla"]).rollout.decoding is None
+    assert spec.rollout.mode == "speculation" and spec.rollout.speculation.adaptation == adaptation
+    assert load(["rollout=vanilla"]).rollout.mode == "vanilla"
+
+
+def test_each_rollout_mode_builds_its_decoder():
+    """`build_decoder` gives the mode's decoder, on its own config section, and each one decodes."""
+    model = build_tiny_model(seed=0)
+    overrides = {"vanilla": [],
+                 "speculation": ["rollout.speculation.heads_path=null", "rollout.speculation.budget=fixed"],
+                 "fastgrpo": ["rollout.fastgrpo.drafter_path=null", "rollout.fastgrpo.capacity=32"]}
+    kinds = {"vanilla": PlainDecoder, "speculation": SpeculativeDecoder, "fastgrpo": FastGRPODecoder}
+    for mode, kind in kinds.items():
+        rollout = load([f"rollout={mode}", *overrides[mode]]).rollout
+        decoder = build_decoder(model, rollout)
+        assert type(decoder) is kind and not decoder.compiled
+        assert decoder.max_tokens_per_step == rollout.max_tokens_per_step
+        out = RolloutEngine(model, decoder=decoder).generate([[3, 4, 5]], SamplingParams(max_new_tokens=6, n=2))
+        assert (out.stats.tree is None) == (mode == "vanilla")
 
 
 def test_learner_follows_the_rollout_temperature_and_the_run_seed():

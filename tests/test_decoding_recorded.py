@@ -14,16 +14,17 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import torch
 
-from specroll.fastgrpo import FastGRPOConfig
+from specroll.fastgrpo import FastGRPOConfig, FastGRPODecoder
 from specroll.fastgrpo.drafter import FeatureDrafter
 from specroll.models import build_tiny_model
-from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.speculation import HorizonHeads, SpeculationConfig
+from specroll.rollout import GenerationStats, RolloutEngine, SamplingParams
+from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
 
 RECORDED = Path(__file__).parent / "data" / "decoding_recorded.json"
 PROMPTS = [[3, 5, 2, 9], [2, 6], [4, 4, 7, 3, 0, 5, 10]]
@@ -69,11 +70,12 @@ def generate(name: str) -> dict:
     params = SamplingParams(max_new_tokens=24, n=2, seed=11, **SAMPLINGS[sampling])
     if decoder == "fastgrpo":
         drafter = randomised(FeatureDrafter.for_model(model), seed=2, scale=0.05)
-        engine = RolloutEngine(model, spec=FastGRPOConfig(drafter_path=None, capacity=32, max_nodes=8))
+        cfg = FastGRPOConfig(drafter_path=None, capacity=32, max_nodes=8)
+        engine = RolloutEngine(model, decoder=FastGRPODecoder(model, cfg))
         engine.decoder.set_drafter(drafter)
     else:
         cfg = SpeculationConfig(heads_path=None, adaptation=rest[0], **BUDGETS[decoder])
-        engine = RolloutEngine(model, spec=cfg)
+        engine = RolloutEngine(model, decoder=SpeculativeDecoder(model, cfg))
         engine.decoder.set_heads(randomised(HorizonHeads.for_model(model, "path", cfg.num_heads), seed=2, scale=0.3))
     out = engine.generate(PROMPTS, params)
     recorded = {"token_ids": out.token_ids, "logprobs": out.logprobs, "finish_reasons": out.finish_reasons}
@@ -84,13 +86,17 @@ def generate(name: str) -> dict:
     return recorded
 
 
-def untimed_stats(stats) -> dict:
-    """An engine's statistics without the ones measured in seconds (or learned from them)."""
+def untimed_stats(stats: GenerationStats) -> dict:
+    """An engine's statistics without the ones measured in seconds (or learned from them), under
+    the names recorded: a tree decoder's fields beside the engine's, Reflex's prefixed `reflex_`."""
+    records = [("", stats), ("", stats.tree), ("reflex_", stats.tree and stats.tree.reflex)]
     out = {}
-    for key, value in stats.items():
-        if key.endswith("_s") or key == "compiles":
-            continue
-        out[key] = {str(k): v for k, v in sorted(value.items())} if isinstance(value, dict) else value
+    for prefix, record in records:
+        for name in [f.name for f in fields(record)] if record is not None else []:
+            value = getattr(record, name)
+            if name.endswith("_s") or name == "compiles" or name in ("tree", "reflex"):
+                continue
+            out[prefix + name] = {str(k): v for k, v in sorted(value.items())} if isinstance(value, dict) else value
     return out
 
 

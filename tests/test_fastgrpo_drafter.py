@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specroll.fastgrpo import FastGRPOConfig, FeatureDrafter, teacher_forced_sequences
+from specroll.fastgrpo import FastGRPOConfig, FastGRPODecoder, FeatureDrafter, teacher_forced_sequences
 from specroll.fastgrpo.decoder import DrafterCall
 from specroll.fastgrpo.tree_rule import TreeShape, levels_worth_drafting, node_budget, tree_shape
 from specroll.models import build_tiny_model
@@ -49,7 +49,7 @@ def test_drafted_scores_are_the_drafters_path_log_probabilities(model):
     with torch.no_grad():
         for p in drafter.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    decoder = FastGRPOConfig(drafter_path=None, capacity=1000, max_nodes=24).build_decoder(model)
+    decoder = FastGRPODecoder(model, FastGRPOConfig(drafter_path=None, capacity=1000, max_nodes=24))
     decoder.set_drafter(drafter)
     batch, dim = 2, model.config.hidden_size
     hidden, first = torch.randn(batch, dim, generator=g), torch.tensor([5, 9])
@@ -82,7 +82,7 @@ def test_drafted_scores_are_the_drafters_path_log_probabilities(model):
 
 def test_a_rollout_logs_the_policys_features_at_every_response_position(model):
     cfg = FastGRPOConfig(drafter_path=None, capacity=1000, max_nodes=8)
-    engine = RolloutEngine(model, spec=cfg)
+    engine = RolloutEngine(model, decoder=FastGRPODecoder(model, cfg))
     out = engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=20, n=3, seed=2))
     logged = engine.decoder.pop_training_data(out.token_ids)
     assert engine.decoder.pop_training_data(out.token_ids) is None  # popped once

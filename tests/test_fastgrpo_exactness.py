@@ -22,7 +22,7 @@ from exactness import (
     hf_oracle,
 )
 
-from specroll.fastgrpo import FastGRPOConfig, FeatureDrafter, OnlineConfig
+from specroll.fastgrpo import FastGRPOConfig, FastGRPODecoder, FeatureDrafter, OnlineConfig
 from specroll.fastgrpo.pretrain import pretrain_drafter, sample_features
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
@@ -85,7 +85,7 @@ SETTINGS = {
 def fastgrpo_rollout(model, drafter, setting: Setting, rule=verify_tree, greedy: bool = False):
     """(output, recorder, sampling params) of one FastGRPO generate call with `rule` as the acceptance rule."""
     cfg = FastGRPOConfig(drafter_path=None, capacity=setting.capacity, max_nodes=setting.max_nodes)
-    engine = RolloutEngine(model, spec=cfg)
+    engine = RolloutEngine(model, decoder=FastGRPODecoder(model, cfg))
     engine.decoder.set_drafter(drafter)
     recorder = DecisionRecorder(engine, [len(p) for p in PROMPTS], setting.n, rule)
     sampling = dict(temperature=0.0) if greedy else setting.sampling
@@ -114,14 +114,15 @@ def test_every_fastgrpo_token_follows_the_policy(rollouts, name, record_property
     by_depth = np.bincount(dec.depth, minlength=MAX_DEPTH + 1)
     record_property("pvalues", pvalues)
     print(f"{name}: {len(dec.tokens)} tokens, by decision depth {by_depth.tolist()}, "
-          f"{out.stats['tokens_per_step_mean']:.2f} per verify step, Bonferroni min p {bonferroni_min(pvalues):.3g}")
+          f"{out.stats.tree.tokens_per_step_mean:.2f} per verify step, Bonferroni min p {bonferroni_min(pvalues):.3g}")
     assert bonferroni_min(pvalues) > PASS_P, pvalues
     reference_lp = np.log(dec.probs[np.arange(len(dec.tokens)), dec.tokens])
     np.testing.assert_allclose(dec.logprobs, reference_lp, atol=1e-4)
     setting = SETTINGS[name]
     assert by_depth[2:].sum() >= setting.min_deep_share * len(dec.tokens), by_depth
     if setting.drafter == "untrained":
-        assert out.stats["tokens_per_step_hist"].get(1, 0) > 0.2 * out.stats["verify_steps"]  # rejections are exercised
+        tree = out.stats.tree
+        assert tree.tokens_per_step_hist.get(1, 0) > 0.2 * tree.verify_steps  # rejections are exercised
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
@@ -135,12 +136,12 @@ def test_sampled_responses_are_the_plain_ones(model, rollouts, name):
 def test_pretraining_deepens_acceptance(rollouts):
     """The trained drafter is not the untrained one in disguise: more tokens per verify pass at the same tree size."""
     untrained, trained = rollouts("t1-untrained-n6")[0], rollouts("topk3-trained-n6")[0]
-    assert trained.stats["tokens_per_step_mean"] > untrained.stats["tokens_per_step_mean"] + 0.3
+    assert trained.stats.tree.tokens_per_step_mean > untrained.stats.tree.tokens_per_step_mean + 0.3
 
 
 def test_tree_rule_follows_concurrency(rollouts):
     """C = 9000 over 4500 rows: N starts at 2 and reaches N_max = 16 as rows finish."""
-    budgets = rollouts("t1-trained-concurrency")[0].stats["budget_per_step"]
+    budgets = rollouts("t1-trained-concurrency")[0].stats.tree.budget_per_step
     assert budgets[0] == 2 and max(budgets) == 16
 
 
@@ -151,7 +152,7 @@ def test_greedy_equals_plain_decoding(model, drafters, drafter):
     plain = RolloutEngine(model).generate(PROMPTS, params)
     assert out.token_ids == plain.token_ids
     np.testing.assert_allclose(np.concatenate(out.logprobs), np.concatenate(plain.logprobs), atol=1e-5)
-    assert out.stats["tokens_per_step_mean"] > 1.0  # drafts were accepted, so the equality is not trivial
+    assert out.stats.tree.tokens_per_step_mean > 1.0  # drafts were accepted, so the equality is not trivial
 
 
 def leak_first_child(rate: float):

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from specroll.fastgrpo import FastGRPOConfig, FeatureDrafter, OnlineConfig
+from specroll.fastgrpo import FastGRPOConfig, FastGRPODecoder, FeatureDrafter, OnlineConfig
 from specroll.fastgrpo.online import DrafterUpdate, OnlineDrafterLearner
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
@@ -24,7 +24,8 @@ def model():
 
 def step_data(model, drafter, seed: int):
     """A rollout step's responses with the features its verify passes logged."""
-    engine = RolloutEngine(model, spec=FastGRPOConfig(drafter_path=None, capacity=1000, max_nodes=8))
+    cfg = FastGRPOConfig(drafter_path=None, capacity=1000, max_nodes=8)
+    engine = RolloutEngine(model, decoder=FastGRPODecoder(model, cfg))
     engine.decoder.set_drafter(drafter)
     out = engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=32, n=16, seed=seed))
     return engine.decoder.pop_training_data(out.token_ids)

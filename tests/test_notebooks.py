@@ -13,8 +13,8 @@ from nbclient import NotebookClient
 from specroll.benchmarks.comparison import Comparison, ConcurrencyPoint, ModeRun, RolloutTrace
 from specroll.configs import load_train_config
 from specroll.models import build_tiny_model
-from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.speculation import SpeculationConfig
+from specroll.rollout import GenerationStats, RolloutEngine, SamplingParams
+from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 from specroll.telemetry.history import read_run
 from specroll.train import run_training
 
@@ -40,8 +40,9 @@ def tiny_runs(tmp_path_factory):
         ray.shutdown()
 
 
-def tiny_rollout_stats(spec: SpeculationConfig | None, prompts: int) -> dict:
-    engine = RolloutEngine(build_tiny_model(init_std=0.3), spec=spec)
+def tiny_rollout_stats(spec: SpeculationConfig | None, prompts: int) -> GenerationStats:
+    model = build_tiny_model(init_std=0.3)
+    engine = RolloutEngine(model, decoder=None if spec is None else SpeculativeDecoder(model, spec))
     return engine.generate([[3 + i, 4, 5] for i in range(prompts)], SamplingParams(max_new_tokens=12, n=2, seed=1)).stats
 
 
@@ -49,10 +50,11 @@ def comparison_of(runs: dict[str, Path]) -> Comparison:
     """The two runs' steps, the trace of a real speculative rollout, speedups of real tiny rollouts."""
     spec = SpeculationConfig(num_heads=3, budget="concurrency", capacity=16, max_nodes=8)
     stats = tiny_rollout_stats(spec, prompts=4)
-    trace = RolloutTrace(stats["active_rows_per_step"], stats["budget_per_step"])
+    trace = RolloutTrace(stats.active_rows_per_step, stats.tree.budget_per_step)
     race = "tiny / synthetic"
     speedups = [ConcurrencyPoint(race, "speculation-static", 2 * count,
-                                 tiny_rollout_stats(spec, count)["tokens_per_s"] / tiny_rollout_stats(None, count)["tokens_per_s"])
+                                 tiny_rollout_stats(spec, count).tokens_per_s
+                                 / tiny_rollout_stats(None, count).tokens_per_s)
                 for count in (1, 4)]
     return Comparison(
         modes=[ModeRun(race, "vanilla", "vanilla", read_run(runs["vanilla"]).rows),

@@ -12,10 +12,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from specroll.models import KVCache, build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.rollout import engine as engine_module
+from specroll.rollout import plain_decoder as plain_decoder_module
 from specroll.rollout.compiled_step import StepFunction, graphs_compiled
-from specroll.rollout.engine import batch_bucket, cache_shape, decode_one_token, span_bucket
-from specroll.speculation import SpeculationConfig
+from specroll.rollout.decode_state import cache_shape, span_bucket
+from specroll.rollout.engine import batch_bucket
+from specroll.rollout.plain_decoder import decode_one_token
+from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.budgets import tree_gate
 from specroll.speculation.budgets.profile import HardwareProfile
 
@@ -96,7 +98,8 @@ def test_a_decode_step_reads_nothing_on_the_host(model):
     plain steps and (`sync_free_trees`) tree steps sized on the host (fixed and concurrency
     budgets). Tree steps that read, the CPU default, are the control that shows the count sees reads."""
     def spec(**fields):
-        return RolloutEngine(model, spec=SpeculationConfig(heads_path=None, **fields), sync_every=1000)
+        return RolloutEngine(model, decoder=SpeculativeDecoder(model, SpeculationConfig(heads_path=None, **fields)),
+                             sync_every=1000)
 
     engines = {"plain": RolloutEngine(model, sync_every=1000), "one-node spec": spec(budget="fixed", fixed_nodes=1),
                "fixed trees": spec(budget="fixed", fixed_nodes=4, sync_free_trees=True),
@@ -112,8 +115,9 @@ def test_the_tree_gate_reads_its_counts_once_per_read_period(model, tmp_path, mo
     """Sync-free trees sized by a measured capacity read the gate's counts every READ_EVERY
     tree steps (and once when the call ends), not every step."""
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
-    engine = RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="concurrency", max_nodes=8,
-                                                  profile_cache_len=32, sync_free_trees=True), sync_every=1000)
+    spec = SpeculationConfig(heads_path=None, budget="concurrency", max_nodes=8, profile_cache_len=32,
+                             sync_free_trees=True)
+    engine = RolloutEngine(model, decoder=SpeculativeDecoder(model, spec), sync_every=1000)
     decoder = engine.decoder
     # Trees half a plain step's cost: they pay whatever they emit, so every step is a tree.
     decoder.profile = HardwareProfile("m", "cpu", "float32", 32, [1, 4096], [1, 2, 4, 8],
@@ -128,17 +132,20 @@ def test_sync_free_tree_steps_generate_and_count_what_reading_every_step_does(mo
     """Tree steps with finished rows left in the batch between reads emit the same responses,
     and count the same tokens per pass, as tree steps on a batch compacted before every step."""
     params = SamplingParams(max_new_tokens=30, n=4, seed=3)
-    outs = [RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=4, sync_free_trees=mode),
-                          sync_every=1000).generate(PROMPTS, params) for mode in (False, True)]
+    specs = [SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=4, sync_free_trees=mode)
+             for mode in (False, True)]
+    outs = [RolloutEngine(model, decoder=SpeculativeDecoder(model, spec), sync_every=1000).generate(PROMPTS, params)
+            for spec in specs]
     assert outs[0].token_ids == outs[1].token_ids
     assert outs[0].finish_reasons == outs[1].finish_reasons
+    assert outs[0].stats.active_rows_per_step == outs[1].stats.active_rows_per_step
     for key in ("tokens_per_step_hist", "acceptance_by_depth", "drafted_tokens", "drafted_response_steps",
-                "active_rows_per_step", "budget_per_step", "verify_steps"):
-        assert outs[0].stats[key] == outs[1].stats[key], key
+                "budget_per_step", "verify_steps"):
+        assert getattr(outs[0].stats.tree, key) == getattr(outs[1].stats.tree, key), key
     # Steps that ran after the last row finished, before the next read, are no steps.
-    assert outs[1].stats["verify_steps"] == len(outs[1].stats["active_rows_per_step"]) == outs[1].stats["steps"]
+    assert outs[1].stats.tree.verify_steps == len(outs[1].stats.active_rows_per_step) == outs[1].stats.steps
     # Every kept token after the first came out of a pass (a pass may emit past a stop token).
-    assert outs[0].stats["drafted_tokens"] >= sum(len(t) for t in outs[0].token_ids) - len(outs[0].token_ids)
+    assert outs[0].stats.tree.drafted_tokens >= sum(len(t) for t in outs[0].token_ids) - len(outs[0].token_ids)
 
 
 @pytest.mark.parametrize("fixed_nodes", [3, 6])
@@ -148,11 +155,11 @@ def test_sync_free_trees_below_their_bucket_emit_what_reading_steps_do(model, fi
     may choose other trees, so the acceptance statistics may differ)."""
     spec = partial(SpeculationConfig, heads_path=None, budget="fixed", fixed_nodes=fixed_nodes, max_nodes=8)
     for params in (SamplingParams(temperature=0.0, max_new_tokens=30, n=2), SamplingParams(max_new_tokens=30, n=4, seed=5)):
-        reading, sync_free = (RolloutEngine(model, spec=spec(sync_free_trees=mode)).generate(PROMPTS, params)
-                              for mode in (False, True))
+        reading, sync_free = (RolloutEngine(model, decoder=SpeculativeDecoder(model, spec(sync_free_trees=mode)))
+                              .generate(PROMPTS, params) for mode in (False, True))
         assert reading.token_ids == sync_free.token_ids and reading.finish_reasons == sync_free.finish_reasons
-        assert set(sync_free.stats["budget_per_step"]) == {fixed_nodes}
-        assert max(sync_free.stats["tokens_per_step_hist"]) > 1
+        assert set(sync_free.stats.tree.budget_per_step) == {fixed_nodes}
+        assert max(sync_free.stats.tree.tokens_per_step_hist) > 1
 
 
 def test_bucketing_and_sync_cadence_never_change_the_output(model):
@@ -166,7 +173,7 @@ def test_bucketing_and_sync_cadence_never_change_the_output(model):
             assert out.finish_reasons == outs[0].finish_reasons
             for a, b in zip(out.logprobs, outs[0].logprobs):
                 assert a == pytest.approx(b, abs=1e-5)
-        assert outs[0].stats["active_rows_per_step"] == outs[2].stats["active_rows_per_step"]
+        assert outs[0].stats.active_rows_per_step == outs[2].stats.active_rows_per_step
 
 
 def merge(outs):
@@ -187,8 +194,8 @@ def test_compiled_step_generates_what_the_eager_step_does(model):
         assert a.token_ids == b.token_ids and a.finish_reasons == b.finish_reasons
         for x, y in zip(a.logprobs, b.logprobs):
             assert x == pytest.approx(y, abs=1e-4)
-        assert b.stats["compiles"] >= 1 and b.stats["compile_s"] > 0
-    assert compiled.generate(PROMPTS, params).stats["compiles"] == 0, "a repeated call recompiles"
+        assert b.stats.compiles >= 1 and b.stats.compile_s > 0
+    assert compiled.generate(PROMPTS, params).stats.compiles == 0, "a repeated call recompiles"
 
 
 def test_compiled_engines_of_models_of_other_forms_generate_their_own_tokens():
@@ -201,7 +208,7 @@ def test_compiled_engines_of_models_of_other_forms_generate_their_own_tokens():
     for model_type in ("llama", "qwen2"):
         model = build_tiny_model(model_type, seed=2, num_layers=2, init_std=0.2)
         compiled = RolloutEngine(model, compile=True).generate(PROMPTS, params)
-        assert compiled.stats["compiles"] >= 1, model_type  # not dynamo's eager fallback either
+        assert compiled.stats.compiles >= 1, model_type  # not dynamo's eager fallback either
         assert compiled.token_ids == RolloutEngine(model).generate(PROMPTS, params).token_ids, model_type
 
 
@@ -216,7 +223,7 @@ def test_a_compiled_step_compiles_a_sweep_of_settings_past_dynamos_default_limit
     step = StepFunction(scaled, True, torch.device("cpu"))
     for i in range(10):
         assert step(torch.ones(3), 0.5 + i).tolist() == [0.5 + i] * 3
-    assert step.pop()["compiles"] == 10
+    assert step.pop().compiles == 10
 
 
 @pytest.mark.parametrize("sync_free_trees", [False, True])
@@ -226,10 +233,10 @@ def test_compiled_verify_forward_generates_what_the_eager_one_does(model, sync_f
     riding along, as on GPUs): greedy outputs identical to eager."""
     spec = SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=6, max_nodes=8, sync_free_trees=sync_free_trees)
     params = SamplingParams(temperature=0.0, max_new_tokens=20, n=2)
-    eager = RolloutEngine(model, spec=spec).generate(PROMPTS, params)
-    compiled = RolloutEngine(model, spec=spec, compile=True).generate(PROMPTS, params)
+    eager = RolloutEngine(model, decoder=SpeculativeDecoder(model, spec)).generate(PROMPTS, params)
+    compiled = RolloutEngine(model, decoder=SpeculativeDecoder(model, spec, compile=True)).generate(PROMPTS, params)
     assert compiled.token_ids == eager.token_ids and compiled.finish_reasons == eager.finish_reasons
-    assert compiled.stats["verify_steps"] == eager.stats["verify_steps"]
+    assert compiled.stats.tree.verify_steps == eager.stats.tree.verify_steps
 
 
 @pytest.mark.parametrize("sync_free_trees", [False, True])
@@ -243,15 +250,15 @@ def test_a_compiled_decoder_compiles_up_front_what_it_runs(model, tmp_path, monk
     spec = SpeculationConfig(heads_path=None, budget="concurrency", max_nodes=8, profile_cache_len=32,
                       sync_free_trees=sync_free_trees)
     for _ in ("measures the profile", "finds it cached"):
-        engine = RolloutEngine(model, spec=spec, compile=True)
+        engine = RolloutEngine(model, decoder=SpeculativeDecoder(model, spec, compile=True))
         assert engine.decoder.profile.compiled
         engine.decoder.capacity = 16  # verify trees whatever C_hw the tiny model's timings gave
         engine.decoder.gate = None  # and whether they pay
         engine.decoder.compile_stats()  # what was compiled up front (nothing the second time, or after other tests)
         out = engine.generate(PROMPTS, SamplingParams(max_new_tokens=80, n=2, seed=1))
-        assert max(out.stats["budget_per_step"]) > 1 and max(out.stats["tokens_per_step_hist"]) > 1
-        assert len(set(out.stats["budget_per_step"])) >= 3
-        assert out.stats["compiles"] == 0
+        assert max(out.stats.tree.budget_per_step) > 1 and max(out.stats.tree.tokens_per_step_hist) > 1
+        assert len(set(out.stats.tree.budget_per_step)) >= 3
+        assert out.stats.compiles == 0
 
 
 def test_compiled_tree_steps_sized_on_the_host_generate_what_eager_ones_do(model):
@@ -260,15 +267,16 @@ def test_compiled_tree_steps_sized_on_the_host_generate_what_eager_ones_do(model
     while many rows are live (on a GPU, drafting then reads a plain step's CUDA-graph output): greedy
     and sampled responses identical to eager, and so are the statistics the decoder counts."""
     spec = SpeculationConfig(heads_path=None, budget="concurrency", capacity=16, max_nodes=8, sync_free_trees=True)
-    eager, compiled = RolloutEngine(model, spec=spec, sync_every=4), RolloutEngine(model, spec=spec, compile=True, sync_every=4)
+    eager = RolloutEngine(model, decoder=SpeculativeDecoder(model, spec), sync_every=4)
+    compiled = RolloutEngine(model, decoder=SpeculativeDecoder(model, spec, compile=True), sync_every=4)
     for params in (SamplingParams(temperature=0.0, max_new_tokens=24, n=3), SamplingParams(max_new_tokens=24, n=3, seed=3)):
         a, b = eager.generate(PROMPTS, params), compiled.generate(PROMPTS, params)
         assert a.token_ids == b.token_ids and a.finish_reasons == b.finish_reasons
         for x, y in zip(a.logprobs, b.logprobs):
             assert x == pytest.approx(y, abs=1e-4)
         for name in ("budget_per_step", "tokens_per_step_hist", "acceptance_by_depth", "lookup_token_share"):
-            assert a.stats[name] == b.stats[name], name
-        assert len(set(a.stats["budget_per_step"])) >= 2 and a.stats["budget_per_step"][0] == 1
+            assert getattr(a.stats.tree, name) == getattr(b.stats.tree, name), name
+        assert len(set(a.stats.tree.budget_per_step)) >= 2 and a.stats.tree.budget_per_step[0] == 1
 
 
 def lone_rows(engine: RolloutEngine, params: SamplingParams):
@@ -279,7 +287,8 @@ def lone_rows(engine: RolloutEngine, params: SamplingParams):
 def test_a_lone_response_beside_a_finished_row_comes_out_as_alone(model, spec):
     """On a GPU a compiled engine keeps two rows (`compiled_min_rows`): a lone response runs
     beside a finished copy of itself, which emits nothing and is dropped from the output."""
-    alone, beside = RolloutEngine(model, spec=spec), RolloutEngine(model, spec=spec)
+    alone, beside = (RolloutEngine(model, decoder=None if spec is None else SpeculativeDecoder(model, spec))
+                     for _ in range(2))
     beside.decoder.min_rows = 2
     for params in (SamplingParams(temperature=0.0, max_new_tokens=30), SamplingParams(max_new_tokens=30, seed=4)):
         a, b = lone_rows(alone, params), lone_rows(beside, params)
@@ -287,7 +296,7 @@ def test_a_lone_response_beside_a_finished_row_comes_out_as_alone(model, spec):
         for x, y in zip(a.logprobs, b.logprobs):
             assert x == pytest.approx(y, abs=1e-5)
         one = beside.generate(PROMPTS[:1], params)
-        assert set(one.stats["active_rows_per_step"]) == {1} and one.stats["tokens"] == len(one.token_ids[0])
+        assert set(one.stats.active_rows_per_step) == {1} and one.stats.tokens == len(one.token_ids[0])
 
 
 def test_a_compiled_step_kept_at_two_rows_compiles_one_graph(model):
@@ -300,8 +309,8 @@ def test_a_compiled_step_kept_at_two_rows_compiles_one_graph(model):
     for prompts, params in ((PROMPTS[:1], SamplingParams(max_new_tokens=12, seed=1)),
                             (PROMPTS, SamplingParams(max_new_tokens=40, n=2, seed=1))):
         out = engine.generate(prompts, params)
-        compiles += out.stats["compiles"]
-    assert min(out.stats["active_rows_per_step"]) == 1  # the batch's tail ran one live row
+        compiles += out.stats.compiles
+    assert min(out.stats.active_rows_per_step) == 1  # the batch's tail ran one live row
     assert compiles == 1
 
 
@@ -311,18 +320,18 @@ def test_a_decoder_kept_at_two_rows_compiles_no_one_row_graphs_up_front(model, m
     forward, drafting, judging, and the engine's bookkeeping of one-token and tree steps), none
     for one row, and generating a lone response or a batch down to its last live row compiles
     nothing more."""
-    monkeypatch.setattr(engine_module, "compiled_min_rows", lambda compiled_on_cuda: 2)
+    monkeypatch.setattr(plain_decoder_module, "compiled_min_rows", lambda compiled_on_cuda: 2)
     torch._dynamo.reset()
     before = graphs_compiled()
     spec = SpeculationConfig(heads_path=None, budget="concurrency", capacity=16, max_nodes=8, sync_free_trees=True)
-    engine = RolloutEngine(model, spec=spec, compile=True, sync_every=2)
+    engine = RolloutEngine(model, decoder=SpeculativeDecoder(model, spec, compile=True), sync_every=2)
     assert engine.decoder.min_rows == 2 and graphs_compiled() - before == 6
     engine.decoder.compile_stats()
     for prompts, params in ((PROMPTS[:1], SamplingParams(max_new_tokens=12, seed=1)),
                             (PROMPTS, SamplingParams(max_new_tokens=40, n=2, seed=1))):
         out = engine.generate(prompts, params)
-        assert out.stats["compiles"] == 0 and max(out.stats["budget_per_step"]) > 1
-    assert min(out.stats["active_rows_per_step"]) == 1
+        assert out.stats.compiles == 0 and max(out.stats.tree.budget_per_step) > 1
+    assert min(out.stats.active_rows_per_step) == 1
 
 
 def test_a_compiled_step_traces_one_decoder_layer_for_all_of_them():

@@ -9,7 +9,7 @@ import torch
 
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.speculation import HorizonHeads, SpeculationConfig
+from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.adaptation.consolidation import (
     ConsolidationConfig,
     HeadConsolidator,
@@ -44,7 +44,7 @@ def drift(tmp_path_factory):
 
 def rollout(policy, heads, seed=0):
     cfg = SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=8, adaptation="slow", records_per_rollout=4096)
-    engine = RolloutEngine(policy, spec=cfg)
+    engine = RolloutEngine(policy, decoder=SpeculativeDecoder(policy, cfg))
     engine.decoder.set_heads(heads)
     out = engine.generate(PROMPTS, SamplingParams(n=16, max_new_tokens=32, seed=seed))
     return out, *engine.decoder.pop_head_records()

@@ -27,7 +27,7 @@ from exactness import (
 
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens, sampling
-from specroll.speculation import HorizonHeads, SpeculationConfig
+from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.adaptation.consolidation import ConsolidationConfig, HeadConsolidator
 from specroll.speculation.adaptation.drift import DriftConfig
 from specroll.speculation.adaptation.reflex import ReflexConfig
@@ -158,7 +158,7 @@ def speculative_rollout(model, heads, setting: Setting, rule=verify_tree):
     nodes = setting.spec.get("fixed_nodes", 16)
     cfg = SpeculationConfig(head_type=heads.head_type, num_heads=NUM_HEADS, heads_path=None, max_nodes=nodes,
                      context_lookup=setting.lookup != "off", **setting.spec)
-    engine = RolloutEngine(model, spec=cfg)
+    engine = RolloutEngine(model, decoder=SpeculativeDecoder(model, cfg))
     engine.decoder.set_heads(heads)
     if cfg.budget == "cost_model":
         cost_model_profile(engine.decoder)
@@ -208,7 +208,7 @@ def test_every_speculative_token_follows_the_policy(rollouts, name, record_prope
     record_property("tokens_by_depth", by_depth.tolist())
     record_property("pvalues", pvalues)
     print(f"{name}: {len(dec.tokens)} tokens, by decision depth {by_depth.tolist()}, "
-          f"{out.stats['tokens_per_step_mean']:.2f} per verify step, Bonferroni min p {bonferroni_min(pvalues):.3g}")
+          f"{out.stats.tree.tokens_per_step_mean:.2f} per verify step, Bonferroni min p {bonferroni_min(pvalues):.3g}")
     assert bonferroni_min(pvalues) > PASS_P, pvalues
     # The log-probs a rollout reports are those of the distribution each token was drawn from.
     reference_lp = np.log(dec.probs[np.arange(len(dec.tokens)), dec.tokens])
@@ -217,11 +217,12 @@ def test_every_speculative_token_follows_the_policy(rollouts, name, record_prope
     # Deep paths are exercised where the heads are good: decisions at depth 2-4 emitted a large share.
     assert by_depth[2:].sum() >= setting.min_deep_share * len(dec.tokens), by_depth
     if setting.heads.endswith("random"):
-        assert out.stats["tokens_per_step_hist"].get(1, 0) > 0.3 * out.stats["verify_steps"]  # rejections are exercised
+        tree = out.stats.tree
+        assert tree.tokens_per_step_hist.get(1, 0) > 0.3 * tree.verify_steps  # rejections are exercised
     if setting.lookup == "first":  # trees hold context lookup chains, and some of their drafts are accepted
-        assert out.stats["lookup_token_share"] > 0.1
+        assert out.stats.tree.lookup_token_share > 0.1
     if setting.gate_probe_every is not None:  # plain steps and trees alternated
-        assert 1 in out.stats["budget_per_step"] and max(out.stats["budget_per_step"]) > 1
+        assert 1 in out.stats.tree.budget_per_step and max(out.stats.tree.budget_per_step) > 1
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
@@ -235,11 +236,11 @@ def test_sampled_responses_are_the_plain_ones(model, rollouts, name):
 def test_reflex_changed_the_drafts(rollouts):
     """The Reflex settings are not the static ones in disguise: the correction moved what was drafted."""
     static, reflex = rollouts("t07-topp09-path-trained-fixed16")[0], rollouts("t07-topp09-path-trained-fixed16-reflex")[0]
-    assert reflex.stats["reflex_on_share"] > 0.5
-    assert reflex.stats["tokens_per_step_hist"] != static.stats["tokens_per_step_hist"]
-    assert rollouts("t1-medusa-trained-fixed8-reflex-paper")[0].stats["reflex_on_share"] > 0.5
-    vocab5 = rollouts("topk3-vocab5-lookup-first-cost-model")[0].stats  # heads with a draft vocabulary
-    assert vocab5["reflex_records"] > 0 and math.isfinite(vocab5["reflex_state_rms"])
+    assert reflex.stats.tree.reflex.on_share > 0.5
+    assert reflex.stats.tree.tokens_per_step_hist != static.stats.tree.tokens_per_step_hist
+    assert rollouts("t1-medusa-trained-fixed8-reflex-paper")[0].stats.tree.reflex.on_share > 0.5
+    vocab5 = rollouts("topk3-vocab5-lookup-first-cost-model")[0].stats.tree.reflex  # heads with a draft vocabulary
+    assert vocab5.records > 0 and math.isfinite(vocab5.state_rms)
 
 
 def test_tokens_follow_the_policy_across_a_head_update(model, oracle, heads):
@@ -258,7 +259,7 @@ def test_tokens_follow_the_policy_across_a_head_update(model, oracle, heads):
     params = replace(params, seed=1)
     second = recorder.engine.generate(PROMPTS, params)
     after = decisions_of(oracle, PROMPTS, second, recorder, params, setting.n)
-    assert second.stats["tokens_per_step_mean"] > first.stats["tokens_per_step_mean"]  # the update drafts better
+    assert second.stats.tree.tokens_per_step_mean > first.stats.tree.tokens_per_step_mean  # the update drafts better
     for dec in (before, after):
         assert bonferroni_min(exactness_pvalues(dec, NUM_HEADS)) > PASS_P
 
@@ -271,13 +272,13 @@ def test_eos_inside_deep_accepted_paths(rollouts):
 
 
 def test_concurrency_budget_grows_as_rows_finish(rollouts):
-    budgets = rollouts("t1-path-trained-concurrency")[0].stats["budget_per_step"]
+    budgets = rollouts("t1-path-trained-concurrency")[0].stats.tree.budget_per_step
     assert budgets[0] == 4 and max(budgets) == 16
 
 
 def test_cost_model_trees_vary_with_concurrency(rollouts):
     out, _ = rollouts("topk3-vocab5-lookup-first-cost-model")
-    assert len(set(out.stats["budget_per_step"])) >= 3, out.stats["budget_per_step"]
+    assert len(set(out.stats.tree.budget_per_step)) >= 3, out.stats.tree.budget_per_step
 
 
 def test_plain_sampling_follows_the_policy(model, oracle):

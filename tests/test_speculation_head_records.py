@@ -8,7 +8,7 @@ import torch
 
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.speculation import SpeculationConfig
+from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.adaptation.head_records import sketch_tv_and_nll, target_top
 from specroll.speculation.adaptation.maturation import MaturedProposals, Proposal, node_paths, tree_proposals
 from specroll.speculation.drafting.heads import draft_policy_top
@@ -24,7 +24,7 @@ def model():
 def slow_path_rollout(model, params, cap=10_000, record_nodes="path"):
     cfg = SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=8, adaptation="slow", records_per_rollout=cap,
                      record_nodes=record_nodes)
-    engine = RolloutEngine(model, spec=cfg)
+    engine = RolloutEngine(model, decoder=SpeculativeDecoder(model, cfg))
     out = engine.generate([[3, 4, 5], [6, 7], [9, 1, 2, 8]], params)
     return out, *engine.decoder.pop_head_records()
 

@@ -9,7 +9,7 @@ import torch
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.rollout.token_history import TokenHistory
-from specroll.speculation import SpeculationConfig
+from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.drafting.lookup import LookupAcceptance, LookupDrafts, add_lookup_candidates, lookup_drafts
 from specroll.speculation.drafting.tree import Candidates, select_tree
 
@@ -95,7 +95,8 @@ def test_token_history_appends_what_rows_emit_and_follows_kept_rows():
 
 def test_engine_history_is_prompt_plus_emitted_tokens_at_every_step():
     model = build_tiny_model(seed=2)
-    engine = RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=6))
+    engine = RolloutEngine(model, decoder=SpeculativeDecoder(model, SpeculationConfig(heads_path=None, budget="fixed",
+                                                                                      fixed_nodes=6)))
     prompts = [[3, 4, 5, 6], [7, 8]]
     seen = []
     step = engine.decoder.step
@@ -119,10 +120,12 @@ def test_context_lookup_drafts_are_accepted_where_text_repeats_and_greedy_output
     model = build_tiny_model(seed=5)
     prompts, params = [[3, 4, 5, 6, 7], [9, 10]], SamplingParams(temperature=0, max_new_tokens=48, n=1)
     plain = RolloutEngine(model).generate(prompts, params)
-    runs = {lookup: RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=6,
-                                                          context_lookup=lookup)).generate(prompts, params)
-            for lookup in (False, True)}
+    specs = {lookup: SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=6, context_lookup=lookup)
+             for lookup in (False, True)}
+    runs = {lookup: RolloutEngine(model, decoder=SpeculativeDecoder(model, spec)).generate(prompts, params)
+            for lookup, spec in specs.items()}
     assert runs[True].token_ids == plain.token_ids == runs[False].token_ids
-    assert runs[False].stats["lookup_token_share"] == 0
-    assert runs[True].stats["lookup_token_share"] > 0.5
-    assert runs[True].stats["tokens_per_step_mean"] > runs[False].stats["tokens_per_step_mean"] + 0.5
+    trees = {lookup: out.stats.tree for lookup, out in runs.items()}
+    assert trees[False].lookup_token_share == 0
+    assert trees[True].lookup_token_share > 0.5
+    assert trees[True].tokens_per_step_mean > trees[False].tokens_per_step_mean + 0.5

@@ -15,8 +15,8 @@ def test_counts_cover_live_rows_only_and_read_as_numbers():
     counts.add_plain(torch.tensor([True, False, True]))
     read = counts.read()
     # Plain row-steps join the one-token passes in the histogram, not the drafted figures.
-    assert read["tokens_per_step_hist"] == {1: 3, 3: 1}
-    assert (read["drafted_response_steps"], read["drafted_tokens"], read["drafts_accepted"]) == (2, 4, 2)
-    assert read["accepted_by_depth"] == [1, 1, 0] and read["reached_by_depth"] == [2, 1, 1]
+    assert read.tokens_per_step_hist == {1: 3, 3: 1}
+    assert (read.drafted_response_steps, read.drafted_tokens, read.drafts_accepted) == (2, 4, 2)
+    assert read.accepted_by_depth == [1, 1, 0] and read.reached_by_depth == [2, 1, 1]
     # Row 0's chain held its first emitted token (a draft) and its third (the bonus): one accepted draft.
-    assert read["lookup_accepted"] == 1
+    assert read.lookup_accepted == 1

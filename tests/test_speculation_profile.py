@@ -7,10 +7,9 @@ import torch
 from specroll.models import build_tiny_model
 from specroll.models.prepacked_linear import PrepackedLinear
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.speculation import SpeculationConfig
+from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.budgets.policies import cost_model_budget, resolve_budget, speculation_may_pay
 from specroll.speculation.budgets.profile import HardwareProfile, get_profile, measure_profile
-from specroll.speculation.decoder import SpeculativeDecoder
 
 
 def table_profile(latency_ms: list[list[float]]) -> HardwareProfile:
@@ -99,14 +98,15 @@ def test_a_tree_steps_own_work_counts_against_speculation(tmp_path, monkeypatch)
     """The profile times forwards only: what a tree step adds beyond its forward over what a plain
     step adds (measured on each generate) is charged to every tree, never credited."""
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
-    engine = RolloutEngine(build_tiny_model(seed=0), spec=SpeculationConfig(heads_path=None, budget="cost_model",
-                                                                     profile_cache_len=32, max_nodes=8))
-    decoder = engine.decoder
+    model = build_tiny_model(seed=0)
+    spec = SpeculationConfig(heads_path=None, budget="cost_model", profile_cache_len=32, max_nodes=8)
+    engine = RolloutEngine(model, decoder=SpeculativeDecoder(model, spec))
+    cost_model = engine.decoder.cost_model
     engine.generate([[5, 9, 13], [7, 8]], SamplingParams(max_new_tokens=24, n=2))
-    assert decoder.plain_extra_s is not None or decoder.tree_extra_s is not None
-    decoder.plain_extra_s, decoder.tree_extra_s = 0.002, 0.002
-    drafting_only = decoder.drafting_s()
-    decoder.tree_extra_s = 0.005
-    assert [a - b for a, b in zip(decoder.drafting_s(), drafting_only)] == pytest.approx([0.0] + [0.003] * 7)
-    decoder.tree_extra_s = 0.001  # cheaper than a plain step's extra: no credit
-    assert decoder.drafting_s() == drafting_only
+    assert cost_model.plain_extra_s is not None or cost_model.tree_extra_s is not None
+    cost_model.plain_extra_s, cost_model.tree_extra_s = 0.002, 0.002
+    drafting_only = cost_model.drafting_s()
+    cost_model.tree_extra_s = 0.005
+    assert [a - b for a, b in zip(cost_model.drafting_s(), drafting_only)] == pytest.approx([0.0] + [0.003] * 7)
+    cost_model.tree_extra_s = 0.001  # cheaper than a plain step's extra: no credit
+    assert cost_model.drafting_s() == drafting_only

@@ -9,7 +9,7 @@ import torch
 
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.speculation import SpeculationConfig
+from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.adaptation.maturation import MaturedProposals
 from specroll.speculation.adaptation.reflex import (
     FastState,
@@ -136,11 +136,11 @@ def test_greedy_output_is_unchanged_by_reflex_and_drafts_change():
     for adaptation in ("static", "reflex"):
         cfg = SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=8, adaptation=adaptation,
                          reflex=ReflexConfig(mode="code", scale=300.0))
-        outs[adaptation] = RolloutEngine(model, spec=cfg).generate(prompts, params)
+        outs[adaptation] = RolloutEngine(model, decoder=SpeculativeDecoder(model, cfg)).generate(prompts, params)
     assert outs["reflex"].token_ids == outs["static"].token_ids == RolloutEngine(model).generate(prompts, params).token_ids
-    stats = outs["reflex"].stats
-    assert stats["reflex_on_share"] > 0.5 and stats["reflex_records"] > 0
-    assert stats["tokens_per_step_hist"] != outs["static"].stats["tokens_per_step_hist"]  # the correction moved drafts
+    tree = outs["reflex"].stats.tree
+    assert tree.reflex.on_share > 0.5 and tree.reflex.records > 0
+    assert tree.tokens_per_step_hist != outs["static"].stats.tree.tokens_per_step_hist  # the correction moved drafts
 
 
 def test_feedback_reads_the_target_on_the_draft_vocabulary_alone():

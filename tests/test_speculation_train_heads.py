@@ -10,7 +10,7 @@ import torch
 
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.speculation import HorizonHeads, SpeculationConfig
+from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.head_training.loss import sparse_kl_and_nll
 from specroll.speculation.head_training.samples import (
     SampleConfig,
@@ -245,9 +245,9 @@ def test_trained_heads_accept_more_tokens_per_step(trained, policy, prompts, hel
     tokens_per_step = []
     for h in (untrained, heads):
         spec = SpeculationConfig(head_type=head_type, heads_path=None, budget="fixed", fixed_nodes=8)
-        engine = RolloutEngine(policy, spec=spec)
+        engine = RolloutEngine(policy, decoder=SpeculativeDecoder(policy, spec))
         engine.decoder.set_heads(h)
-        tokens_per_step.append(engine.generate(held, params).stats["tokens_per_step_mean"])
+        tokens_per_step.append(engine.generate(held, params).stats.tree.tokens_per_step_mean)
     assert tokens_per_step[1] > tokens_per_step[0] + 0.1, tokens_per_step
 
 

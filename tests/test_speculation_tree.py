@@ -12,12 +12,13 @@ from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.speculation import (
     HorizonHeads,
     SpeculationConfig,
+    SpeculativeDecoder,
     draft_candidates,
     select_tree,
     shipped_heads,
     tree_attention_mask,
 )
-from specroll.speculation.decoder import DRAFT_PROBE_EVERY, RARE_PROBE_EVERY, blend
+from specroll.speculation.budgets.cost_model import DRAFT_PROBE_EVERY, RARE_PROBE_EVERY, blend
 from specroll.speculation.drafting.tree import level_depths
 from specroll.speculation.verification.verify import verify_tree
 
@@ -31,6 +32,11 @@ def test_level_depths_numbers_each_depths_candidates_in_drafting_order():
 @pytest.fixture(scope="module")
 def model():
     return build_tiny_model(init_std=0.3, seed=1)
+
+
+def speculative_engine(model, **spec) -> RolloutEngine:
+    """An engine of a speculative decoder with these `SpeculationConfig` fields."""
+    return RolloutEngine(model, decoder=SpeculativeDecoder(model, SpeculationConfig(**spec)))
 
 
 def random_heads(model, head_type, seed=0):
@@ -183,7 +189,7 @@ def test_greedy_speculative_equals_greedy_plain_with_mixed_prompt_lengths(model_
     prompts = [[3, 4, 5], [6, 7, 8, 9, 10, 11, 12], [13]]
     params = SamplingParams(temperature=0, max_new_tokens=40, n=2)
     plain = RolloutEngine(model).generate(prompts, params)
-    spec = RolloutEngine(model, spec=SpeculationConfig(head_type=head_type, budget="fixed", fixed_nodes=6)).generate(prompts, params)
+    spec = speculative_engine(model, head_type=head_type, budget="fixed", fixed_nodes=6).generate(prompts, params)
     assert spec.token_ids == plain.token_ids
     assert spec.finish_reasons == plain.finish_reasons
     torch.testing.assert_close(torch.tensor(sum(spec.logprobs, [])), torch.tensor(sum(plain.logprobs, [])), atol=1e-4, rtol=0)
@@ -203,7 +209,7 @@ def test_a_draft_vocabulary_limits_drafts_and_keeps_greedy_output(model, head_ty
 
     params = SamplingParams(temperature=0, max_new_tokens=40, n=2)
     plain = RolloutEngine(model).generate(prompts, params)
-    engine = RolloutEngine(model, spec=SpeculationConfig(head_type=head_type, heads_path=None, budget="fixed", fixed_nodes=6))
+    engine = speculative_engine(model, head_type=head_type, heads_path=None, budget="fixed", fixed_nodes=6)
     engine.decoder.set_heads(heads)
     assert engine.generate(prompts, params).token_ids == plain.token_ids
 
@@ -235,7 +241,7 @@ def test_seeded_speculative_sampling_is_deterministic(model):
     """Same seed and same decoder state: the same samples. (A reused engine carries its
     acceptance estimates into the next call: its trees differ, not its distribution.)"""
     params = SamplingParams(max_new_tokens=24, n=3, seed=11)
-    a, b = (RolloutEngine(model, spec=SpeculationConfig(budget="fixed", fixed_nodes=5)).generate([[3, 4], [5, 6, 7]], params)
+    a, b = (speculative_engine(model, budget="fixed", fixed_nodes=5).generate([[3, 4], [5, 6, 7]], params)
             for _ in range(2))
     assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
 
@@ -246,7 +252,7 @@ def test_rows_finish_at_different_steps_and_eos_inside_an_accepted_path():
     with torch.no_grad():
         model.lm_head.weight[1] += 0.35 * model.lm_head.weight.norm(dim=1).mean()  # make EOS likely
     # Wide trees so paths are often accepted across the EOS.
-    engine = RolloutEngine(model, spec=SpeculationConfig(budget="fixed", fixed_nodes=16, max_nodes=16, max_children=8))
+    engine = speculative_engine(model, budget="fixed", fixed_nodes=16, max_nodes=16, max_children=8)
     out = engine.generate([[3, 4, 5], [6, 7]], SamplingParams(max_new_tokens=30, n=16, seed=0))
     lengths = [len(t) for t in out.token_ids]
     assert len(set(lengths)) > 3
@@ -254,8 +260,8 @@ def test_rows_finish_at_different_steps_and_eos_inside_an_accepted_path():
         assert 1 not in tokens[:-1]  # nothing after EOS
         assert (reason == "stop") == (tokens[-1] == 1)
         assert reason == "stop" or len(tokens) == 30
-    assert out.stats["tokens_per_step_hist"].keys() - {1} # multi-token steps happened
-    active = out.stats["active_rows_per_step"]
+    assert out.stats.tree.tokens_per_step_hist.keys() - {1} # multi-token steps happened
+    active = out.stats.active_rows_per_step
     assert active == sorted(active, reverse=True) and active[-1] < active[0]
 
 
@@ -265,8 +271,8 @@ def test_eos_and_the_length_cap_cut_an_accepted_path_where_they_fall():
     with torch.no_grad():
         model.lm_head.weight[1] += 0.25 * model.lm_head.weight.norm(dim=1).mean()
     # Tree steps without host reads: finished rows ride along, emitting nothing.
-    engine = RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=16, max_nodes=16,
-                                                  max_children=8, sync_free_trees=True))
+    engine = speculative_engine(model, heads_path=None, budget="fixed", fixed_nodes=16, max_nodes=16, max_children=8,
+                                sync_free_trees=True)
     steps = []  # (row ids, tokens each emitted) of every verify step, spied on the real decoder
     real_step = engine.decoder.step
 
@@ -305,11 +311,12 @@ def test_smollm2_greedy_with_its_shipped_heads_equals_plain_greedy(smollm2, gsm8
     assert len({len(p) for p in prompts}) == 3
     params = SamplingParams(temperature=0, max_new_tokens=32)
     plain = RolloutEngine(model, tokenizer).generate(prompts, params)
-    engine = RolloutEngine(model, tokenizer, spec=SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=8))
+    cfg = SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=8)
+    engine = RolloutEngine(model, tokenizer, SpeculativeDecoder(model, cfg))
     engine.decoder.set_heads(heads)
     spec = engine.generate(prompts, params)
     assert spec.token_ids == plain.token_ids
-    assert spec.stats["tokens_per_step_mean"] > 1.3
+    assert spec.stats.tree.tokens_per_step_mean > 1.3
 
 
 @pytest.mark.parametrize("sync_free_trees", [False, True])
@@ -317,19 +324,19 @@ def test_concurrency_budget_follows_active_rows(model, sync_free_trees):
     """The budget follows the rows live at the last host read: every step where tree steps read,
     every sync_every steps where they do not."""
     cfg = SpeculationConfig(budget="concurrency", capacity=24, min_nodes=1, max_nodes=8, sync_free_trees=sync_free_trees)
-    engine = RolloutEngine(model, spec=cfg, sync_every=4)
+    engine = RolloutEngine(model, decoder=SpeculativeDecoder(model, cfg), sync_every=4)
     out = engine.generate([[3, 4, 5]], SamplingParams(max_new_tokens=20, n=12, seed=1))
     sync_every = 4 if sync_free_trees else 1
-    read_at = [step - step % sync_every for step in range(len(out.stats["budget_per_step"]))]
-    for budget, step in zip(out.stats["budget_per_step"], read_at):
-        assert budget == max(1, min(8, 24 // out.stats["active_rows_per_step"][step]))
+    read_at = [step - step % sync_every for step in range(len(out.stats.tree.budget_per_step))]
+    for budget, step in zip(out.stats.tree.budget_per_step, read_at):
+        assert budget == max(1, min(8, 24 // out.stats.active_rows_per_step[step]))
 
 
 def test_a_one_node_budget_is_a_plain_step(model):
     """N_t = 1 drafts nothing, runs the same one-token forward per row as plain decoding and
     samples the same tokens from the same seeds."""
     prompts, params = [[5, 6, 7, 8], [9, 10, 11]], SamplingParams(max_new_tokens=20, n=3, seed=2)
-    engine = RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=1))
+    engine = speculative_engine(model, heads_path=None, budget="fixed", fixed_nodes=1)
     engine.decoder.draft = lambda *args, **kwargs: pytest.fail("drafted with a one-node budget")
     widths = []
     hook = model.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
@@ -340,49 +347,49 @@ def test_a_one_node_budget_is_a_plain_step(model):
     plain = RolloutEngine(model).generate(prompts, params)
     assert spec.token_ids == plain.token_ids
     assert widths[0] == 4 and set(widths[1:]) == {1}  # the prefill, then one token per row per step
-    assert spec.stats["verify_steps"] == plain.stats["steps"]
+    assert spec.stats.tree.verify_steps == plain.stats.steps
     # Finished rows wait in the batch between host reads; the statistics count only live ones.
-    assert spec.stats["tokens_per_step_hist"] == {1: sum(plain.stats["active_rows_per_step"])}
+    assert spec.stats.tree.tokens_per_step_hist == {1: sum(plain.stats.active_rows_per_step)}
 
 
 def test_cost_model_budget_speculates_where_it_pays_and_stays_exact_in_greedy(model, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))  # the engine measures and caches a profile
     heads = random_heads(model, "path")
-    engine = RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="cost_model", max_nodes=8))
+    engine = speculative_engine(model, heads_path=None, budget="cost_model", max_nodes=8)
     engine.decoder.set_heads(heads)
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
     params = SamplingParams(temperature=0, max_new_tokens=30, n=2)
     out = engine.generate(prompts, params)
     assert out.token_ids == RolloutEngine(model).generate(prompts, params).token_ids
-    assert all(1 <= b <= 8 for b in out.stats["budget_per_step"])
-    assert max(engine.decoder.draft_s) > 0  # drafting was timed for the cost model
+    assert all(1 <= b <= 8 for b in out.stats.tree.budget_per_step)
+    assert max(engine.decoder.cost_model.draft_s) > 0  # drafting was timed for the cost model
 
     # A profile where every extra node costs a whole step: drafting never pays, so it never runs.
     prof = engine.decoder.profile
     prof.latency_s = [[row[0] * n for n in prof.nodes] for row in prof.latency_s]
-    engine.decoder.draft_s = [0.0] * 4
+    engine.decoder.cost_model.draft_s = [0.0] * 4
     engine.decoder.set_heads(heads)
     out = engine.generate(prompts, params)
-    assert set(out.stats["budget_per_step"]) == {1} and max(engine.decoder.draft_s) == 0.0
+    assert set(out.stats.tree.budget_per_step) == {1} and max(engine.decoder.cost_model.draft_s) == 0.0
 
 
 def test_cost_model_drafts_only_where_the_last_estimates_say_it_pays(model, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
-    decoder = RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="cost_model", max_nodes=8)).decoder
-    prof = decoder.profile
+    cost_model = speculative_engine(model, heads_path=None, budget="cost_model", max_nodes=8).decoder.cost_model
+    prof = cost_model.profile
     prof.batch_sizes, prof.nodes = [1, 16], [1, 2, 4, 8]
     prof.latency_s = [[0.100, 0.105, 0.110, 0.120], [0.200, 0.300, 0.400, 0.600]]
-    assert decoder.planned_drafts(1) == 7  # nothing drafted yet: the full tree, to find out
+    assert cost_model.planned_drafts(1) == 7  # nothing drafted yet: the full tree, to find out
     good = torch.tensor([1.0, 1.4, 1.6, 1.7, 1.75, 1.8, 1.85, 1.9])
-    decoder.expected_per_row, decoder.typical_per_row = good, good
-    assert decoder.planned_drafts(1) == 7 and decoder.planned_drafts(16) == 0  # pays alone, not at batch 16
-    decoder.expected_per_row = torch.ones(8)  # the last drafts were never accepted
-    assert decoder.planned_drafts(1) == 0
-    decoder.steps_since_full_draft = DRAFT_PROBE_EVERY
-    assert decoder.planned_drafts(1) == 7  # the heads usually pay alone: a frequent probe
-    assert decoder.planned_drafts(16) == 0  # not even usually at batch 16: a rare probe
-    decoder.steps_since_full_draft = RARE_PROBE_EVERY
-    assert decoder.planned_drafts(16) == 7
+    cost_model.expected_per_row, cost_model.typical_per_row = good, good
+    assert cost_model.planned_drafts(1) == 7 and cost_model.planned_drafts(16) == 0  # pays alone, not at batch 16
+    cost_model.expected_per_row = torch.ones(8)  # the last drafts were never accepted
+    assert cost_model.planned_drafts(1) == 0
+    cost_model.steps_since_full_draft = DRAFT_PROBE_EVERY
+    assert cost_model.planned_drafts(1) == 7  # the heads usually pay alone: a frequent probe
+    assert cost_model.planned_drafts(16) == 0  # not even usually at batch 16: a rare probe
+    cost_model.steps_since_full_draft = RARE_PROBE_EVERY
+    assert cost_model.planned_drafts(16) == 7
 
 
 def test_cost_model_drafts_only_the_tree_it_plans(model, tmp_path, monkeypatch):
@@ -390,22 +397,23 @@ def test_cost_model_drafts_only_the_tree_it_plans(model, tmp_path, monkeypatch):
     re-estimated by a full draft every RARE_PROBE_EVERY steps. (Trees here beat plain decoding
     by 3-4%: no margin asked, min_gain=0.)"""
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
-    decoder = RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="cost_model", max_nodes=8, min_gain=0.0)).decoder
-    prof = decoder.profile
+    engine = speculative_engine(model, heads_path=None, budget="cost_model", max_nodes=8, min_gain=0.0)
+    cost_model = engine.decoder.cost_model
+    prof = cost_model.profile
     prof.batch_sizes, prof.nodes = [1, 16], [1, 2, 4, 8]
     prof.latency_s = [[0.100, 0.105, 0.110, 0.120], [0.200, 0.270, 0.500, 0.600]]
     good = torch.tensor([1.0, 1.4, 1.6, 1.7, 1.75, 1.8, 1.85, 1.9])
-    decoder.expected_per_row, decoder.typical_per_row = good, good
-    assert decoder.planned_drafts(16) == 1  # 1.4 / 0.27 beats 1 / 0.2, and 1.6 / 0.385 is not within 10% of it
-    decoder.draft_s = [0.0, 0.0, 0.0, 0.0, 0.050]  # a full draft (4 depths) took 50 ms
-    assert decoder.drafting_s() == pytest.approx([0.0, 0.0125, 0.025, 0.0375] + [0.050] * 4)  # scaled by depth
-    assert decoder.planned_drafts(16) == 0  # with its depth's share of that, even 2 nodes would not pay
-    decoder.draft_s[1] = 0.002  # but a one-depth draft was measured at 2 ms
-    assert decoder.planned_drafts(16) == 1
-    decoder.steps_since_full_draft = DRAFT_PROBE_EVERY
-    assert decoder.planned_drafts(16) == 1  # a tree is planned: larger ones are probed rarely
-    decoder.steps_since_full_draft = RARE_PROBE_EVERY
-    assert decoder.planned_drafts(16) == 7
+    cost_model.expected_per_row, cost_model.typical_per_row = good, good
+    assert cost_model.planned_drafts(16) == 1  # 1.4 / 0.27 beats 1 / 0.2, and 1.6 / 0.385 is not within 10% of it
+    cost_model.draft_s = [0.0, 0.0, 0.0, 0.0, 0.050]  # a full draft (4 depths) took 50 ms
+    assert cost_model.drafting_s() == pytest.approx([0.0, 0.0125, 0.025, 0.0375] + [0.050] * 4)  # scaled by depth
+    assert cost_model.planned_drafts(16) == 0  # with its depth's share of that, even 2 nodes would not pay
+    cost_model.draft_s[1] = 0.002  # but a one-depth draft was measured at 2 ms
+    assert cost_model.planned_drafts(16) == 1
+    cost_model.steps_since_full_draft = DRAFT_PROBE_EVERY
+    assert cost_model.planned_drafts(16) == 1  # a tree is planned: larger ones are probed rarely
+    cost_model.steps_since_full_draft = RARE_PROBE_EVERY
+    assert cost_model.planned_drafts(16) == 7
 
 
 def test_estimates_of_larger_trees_follow_the_largest_drafted_one():
@@ -417,7 +425,7 @@ def test_estimates_of_larger_trees_follow_the_largest_drafted_one():
 def test_a_later_version_of_the_heads_keeps_the_drafting_estimates(model):
     """A slow-path update swaps in a close variant of the heads: how well they draft need not be
     learned again (restarting the calibration cost every update a round of uncalibrated trees)."""
-    engine = RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=4))
+    engine = speculative_engine(model, heads_path=None, budget="fixed", fixed_nodes=4)
     decoder, heads = engine.decoder, random_heads(model, "path")
     decoder.set_heads(heads)
     engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=20))
@@ -435,7 +443,7 @@ def cost_model_engine(model, tmp_path, monkeypatch, latency_s) -> tuple[RolloutE
     """A cost-model engine on a 2 x 4 profile with these latencies, and the list of verify
     steps at which it drafts (filled as it generates)."""
     monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
-    engine = RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="cost_model", max_nodes=8))
+    engine = speculative_engine(model, heads_path=None, budget="cost_model", max_nodes=8)
     decoder = engine.decoder
     decoder.profile.batch_sizes, decoder.profile.nodes = [1, 16], [1, 2, 4, 8]
     decoder.profile.latency_s = latency_s
@@ -443,7 +451,7 @@ def cost_model_engine(model, tmp_path, monkeypatch, latency_s) -> tuple[RolloutE
     draft = decoder.draft
 
     def counting_draft(state, max_drafts):
-        drafted_at.append(decoder.stats["verify_steps"])
+        drafted_at.append(decoder.step_log.verify_steps)
         return draft(state, max_drafts)
 
     monkeypatch.setattr(decoder, "draft", counting_draft)
@@ -456,14 +464,14 @@ def test_cost_model_probes_rarely_where_the_heads_never_pay(model, tmp_path, mon
     decoder, prof = engine.decoder, engine.decoder.profile
     decoder.observed.fill_(0.01)  # ... but these heads' drafts are believed almost never accepted.
     out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=61))  # 60 decode steps
-    assert out.stats["verify_steps"] == 60 and set(out.stats["budget_per_step"]) == {1}
+    assert out.stats.tree.verify_steps == 60 and set(out.stats.tree.budget_per_step) == {1}
     # Probing every DRAFT_PROBE_EVERY steps would draft 12 times.
     assert drafted_at == [0, 17, 34, 51]
 
     prof.latency_s = [[1.0, 0.01, 0.01, 0.01], [2.0, 0.02, 0.02, 0.02]]  # now any tree pays
     drafted_at.clear()
     out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=30))
-    assert max(out.stats["budget_per_step"]) > 1 and len(drafted_at) == out.stats["verify_steps"]  # every step
+    assert max(out.stats.tree.budget_per_step) > 1 and len(drafted_at) == out.stats.tree.verify_steps  # every step
 
 
 def test_cost_model_recovers_from_a_slow_first_draft(model, tmp_path, monkeypatch):
@@ -471,25 +479,26 @@ def test_cost_model_recovers_from_a_slow_first_draft(model, tmp_path, monkeypatc
     any_tree_pays = [[1.0, 0.01, 0.01, 0.01], [2.0, 0.02, 0.02, 0.02]]
     engine, drafted_at = cost_model_engine(model, tmp_path, monkeypatch, any_tree_pays)
     decoder = engine.decoder
-    decoder.draft_s = [0.0] + [100.0] * decoder.heads.num_heads  # ... unless drafting takes as long as this first one did
+    # ... unless drafting takes as long as this first one did
+    decoder.cost_model.draft_s = [0.0] + [100.0] * decoder.heads.num_heads
     out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=40))
-    budgets = out.stats["budget_per_step"]
+    budgets = out.stats.tree.budget_per_step
     # A rare probe re-measures drafting, after which every step drafts and speculates.
     assert drafted_at[0] == RARE_PROBE_EVERY and set(budgets[:RARE_PROBE_EVERY]) == {1}
     assert drafted_at == list(range(RARE_PROBE_EVERY, len(budgets))) and min(budgets[RARE_PROBE_EVERY:]) > 1
     # Far below the cold 100 s; about 1 s stays, since this profile's plain step (1 s) dwarfs its
     # tree steps (0.01 s) and the cost model counts the difference as a tree step's own work.
-    assert max(decoder.drafting_s()) < 2.0
+    assert max(decoder.cost_model.drafting_s()) < 2.0
 
 
 
 def test_heads_of_another_depth_count_their_own_depths(model):
     """Swapping in heads of fewer depths between generate calls restarts the per-depth counters."""
-    engine = RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="fixed", fixed_nodes=4, sync_free_trees=True))
+    engine = speculative_engine(model, heads_path=None, budget="fixed", fixed_nodes=4, sync_free_trees=True)
     params = SamplingParams(max_new_tokens=12, n=2, seed=4)
-    assert len(engine.generate([[3, 4, 5]], params).stats["acceptance_by_depth"]) == 4
+    assert len(engine.generate([[3, 4, 5]], params).stats.tree.acceptance_by_depth) == 4
     engine.decoder.set_heads(HorizonHeads.for_model(model, "path", 2))
-    assert len(engine.generate([[3, 4, 5]], params).stats["acceptance_by_depth"]) == 2
+    assert len(engine.generate([[3, 4, 5]], params).stats.tree.acceptance_by_depth) == 2
 
 
 def test_the_heads_form_names_their_structure_dtype_and_packing_not_their_weights():

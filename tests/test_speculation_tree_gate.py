@@ -9,10 +9,11 @@ import torch
 
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.speculation import HorizonHeads, SpeculationConfig
+from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.budgets import tree_gate
 from specroll.speculation.budgets.profile import HardwareProfile
 from specroll.speculation.budgets.tree_gate import TreeGate, trees_pay
+from specroll.speculation.warmup import tree_form
 
 
 def table_profile(plain_ms: float, tree_ms: float) -> HardwareProfile:
@@ -153,26 +154,27 @@ def profile_cache(tmp_path, monkeypatch):
 
 def gated_engine(**spec) -> RolloutEngine:
     model = build_tiny_model(seed=0, eos_token_ids=[])  # every response runs to its cap
-    return RolloutEngine(model, spec=SpeculationConfig(heads_path=None, budget="concurrency", sync_free_trees=True,
-                                                profile_cache_len=32, max_nodes=8, **spec))
+    cfg = SpeculationConfig(heads_path=None, budget="concurrency", sync_free_trees=True, profile_cache_len=32,
+                            max_nodes=8, **spec)
+    return RolloutEngine(model, decoder=SpeculativeDecoder(model, cfg))
 
 
 def test_a_sync_free_decoder_profiles_whole_tree_steps_and_gates_its_trees(profile_cache):
     engine = gated_engine()
     decoder = engine.decoder
-    assert decoder.profile.tree_form == decoder.tree_form() and decoder.gate is not None
+    assert decoder.profile.tree_form == tree_form(decoder.heads, decoder.cfg) and decoder.gate is not None
     assert decoder.profile.nodes == [1, 2, 4, 8]  # no cell beyond the largest tree (max_nodes 8)
     # Untrained heads: trees emit about a token per row. Where they cost twice a plain step the gate closes.
     decoder.profile, decoder.capacity = table_profile(plain_ms=10, tree_ms=20), 64
     params = SamplingParams(max_new_tokens=160, seed=3)
     first = engine.generate([[5, 9, 13], [7, 8]], params)
-    assert first.stats["budget_per_step"][: tree_gate.READ_EVERY] == [8] * tree_gate.READ_EVERY
+    assert first.stats.tree.budget_per_step[: tree_gate.READ_EVERY] == [8] * tree_gate.READ_EVERY
     assert decoder.gate.tokens_per_row(8) < 2
-    budgets = collections.Counter(engine.generate([[5, 9, 13], [7, 8]], params).stats["budget_per_step"])
+    budgets = collections.Counter(engine.generate([[5, 9, 13], [7, 8]], params).stats.tree.budget_per_step)
     assert budgets[8] <= 1 + budgets[1] // tree_gate.PROBE_EVERY and budgets[1] > 100  # plain but for probes
     # Where trees cost less than plain steps, the same drafts pay.
     decoder.profile = table_profile(plain_ms=10, tree_ms=5)
-    assert set(engine.generate([[5, 9, 13], [7, 8]], params).stats["budget_per_step"]) == {8}
+    assert set(engine.generate([[5, 9, 13], [7, 8]], params).stats.tree.budget_per_step) == {8}
 
 
 def test_new_heads_start_the_gate_afresh_and_an_update_of_the_same_heads_keeps_it(profile_cache):

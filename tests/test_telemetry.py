@@ -10,8 +10,8 @@ import torch
 from specroll.configs import LoggerSection
 from specroll.learner.grpo_learner import MetricSums
 from specroll.models import build_tiny_model
-from specroll.rollout import RolloutEngine, SamplingParams
-from specroll.speculation import SpeculationConfig
+from specroll.rollout import GenerationStats, RolloutEngine, SamplingParams, TreeStats
+from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 from specroll.telemetry import (
     MetricsLogger,
     StepProgress,
@@ -49,14 +49,18 @@ def test_every_per_token_learner_metric_is_in_the_namespace():
 
 
 def test_summary_of_two_actors_by_hand():
-    a = dict(tokens=30, wall_time_s=2.0, active_rows_per_step=[4, 2], verify_steps=2,
-             tokens_per_step_hist={1: 2, 3: 4}, acceptance_by_depth=[0.5, 0.25], budget_per_step=[4, 8],
-             time_draft_s=1.0, time_verify_s=2.0, time_bookkeeping_s=1.0, lookup_token_share=0.5,
-             drafted_response_steps=4, drafted_tokens=10)
-    b = dict(tokens=10, wall_time_s=4.0, active_rows_per_step=[3], verify_steps=1,
-             tokens_per_step_hist={2: 2}, acceptance_by_depth=[1.0, 0.0], budget_per_step=[6],
-             time_draft_s=0.0, time_verify_s=1.0, time_bookkeeping_s=0.0, lookup_token_share=0.0,
-             drafted_response_steps=0, drafted_tokens=0)
+    a = GenerationStats(steps=2, active_rows_per_step=[4, 2], tokens=30, wall_time_s=2.0, prefill_s=0.1,
+                        tokens_per_s=15.0,
+                        tree=TreeStats(verify_steps=2, budget_per_step=[4, 8], tokens_per_step_hist={1: 2, 3: 4},
+                                       tokens_per_step_mean=14 / 6, drafted_response_steps=4, drafted_tokens=10,
+                                       acceptance_by_depth=[0.5, 0.25], lookup_token_share=0.5, time_draft_s=1.0,
+                                       time_verify_s=2.0, time_bookkeeping_s=1.0))
+    b = GenerationStats(steps=1, active_rows_per_step=[3], tokens=10, wall_time_s=4.0, prefill_s=0.1,
+                        tokens_per_s=2.5,
+                        tree=TreeStats(verify_steps=1, budget_per_step=[6], tokens_per_step_hist={2: 2},
+                                       tokens_per_step_mean=2.0, drafted_response_steps=0, drafted_tokens=0,
+                                       acceptance_by_depth=[1.0, 0.0], lookup_token_share=0.0, time_draft_s=0.0,
+                                       time_verify_s=1.0, time_bookkeeping_s=0.0))
     out = summarize_rollout_stats([a, b], head_version=7)
     assert out == pytest.approx({
         "perf/gen_tokens_per_s": 40 / 4.0,  # actors run in parallel: the slowest sets the pace
@@ -80,7 +84,8 @@ def test_summaries_of_real_vanilla_and_speculative_rollouts():
     vanilla = summarize_rollout_stats(RolloutEngine(model).generate(prompts, params).stats)
     assert set(vanilla) == {"perf/gen_tokens_per_s", "speculation/active_rows_mean"}
     spec_cfg = SpeculationConfig(num_heads=3, budget="fixed", fixed_nodes=4, max_nodes=4)
-    out = summarize_rollout_stats(RolloutEngine(model, spec=spec_cfg).generate(prompts, params).stats, head_version=0)
+    engine = RolloutEngine(model, decoder=SpeculativeDecoder(model, spec_cfg))
+    out = summarize_rollout_stats(engine.generate(prompts, params).stats, head_version=0)
     assert out["speculation/node_budget_mean"] == 4.0
     assert 1.0 <= out["speculation/tokens_per_step"] <= 4.0
     assert out["speculation/drafted_tokens_per_step"] == pytest.approx(out["speculation/tokens_per_step"])  # every pass drafted

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specroll.fastgrpo.online import DrafterUpdate
+from specroll.rollout.stats import GenerationStats
 from specroll.speculation.adaptation.head_records import HeadRecords
 
 
@@ -56,7 +57,7 @@ class Rollouts:
     finish_reasons: list[str]
     rewards: list[float]
     correct: list[bool]
-    engine_stats: list[dict] = field(default_factory=list)  # `RolloutEngine.generate` stats, one per actor
+    engine_stats: list[GenerationStats] = field(default_factory=list)  # `RolloutEngine.generate` stats, one per actor
     head_records: list[HeadRecords] = field(default_factory=list)  # slow path: each actor's, for consolidation
     drafter_updates: list[DrafterUpdate] = field(default_factory=list)  # rollout=fastgrpo: each actor's online update
     gen_s: float = 0.0  # slowest actor's generation time

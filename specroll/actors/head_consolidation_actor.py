@@ -21,6 +21,7 @@ import ray
 import torch
 
 from specroll.models.flat_weights import FlatWeights
+from specroll.rollout.stats import TreeStats
 from specroll.speculation import HorizonHeads, SpeculationConfig
 from specroll.speculation.adaptation.consolidation import HeadConsolidator
 from specroll.speculation.adaptation.drift import merge_telemetry
@@ -51,18 +52,18 @@ class DriftRecord:
     budget_max: int
 
     @classmethod
-    def from_stats(cls, stats: Mapping, actor_index: int, step: int, policy_version: int,
+    def from_stats(cls, stats: TreeStats, actor_index: int, step: int, policy_version: int,
                    head_version: int) -> "DriftRecord":
-        """From the stats of one speculative `RolloutEngine.generate`."""
-        budgets = stats["budget_per_step"]
+        """From the tree stats of one speculative `RolloutEngine.generate`."""
+        budgets = stats.budget_per_step
         return cls(
             actor_index=actor_index,
             step=step,
             policy_version=policy_version,
             head_version=head_version,
-            verify_steps=int(stats["verify_steps"]),
-            tokens_per_step=float(stats["tokens_per_step_mean"]),
-            acceptance_by_depth=tuple(float(a) for a in stats["acceptance_by_depth"]),
+            verify_steps=int(stats.verify_steps),
+            tokens_per_step=float(stats.tokens_per_step_mean),
+            acceptance_by_depth=tuple(float(a) for a in stats.acceptance_by_depth),
             budget_mean=sum(budgets) / len(budgets) if budgets else 0.0,
             budget_min=min(budgets, default=0),
             budget_max=max(budgets, default=0),

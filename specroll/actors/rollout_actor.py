@@ -18,10 +18,11 @@ import torch
 
 from specroll.configs import TrainConfig, validate_against_model
 from specroll.data import Problem, format_prompt, math_reward, score_response
+from specroll.decoders import build_decoder
 from specroll.fastgrpo.online import OnlineDrafterLearner
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
 from specroll.models.flat_weights import FlatWeights
-from specroll.rollout import RolloutEngine
+from specroll.rollout import GenerationStats, RolloutEngine
 from specroll.speculation import HorizonHeads
 from specroll.speculation.drafting.heads_state import HeadsState
 
@@ -56,11 +57,11 @@ class RolloutActor:
         if tokenizer is None:
             raise ValueError("model.tokenizer must be set: prompts are formatted and responses scored as text")
         self.model, self.tokenizer = model, tokenizer
-        self.engine = RolloutEngine(model, tokenizer, spec=cfg.rollout.decoding, compile=cfg.rollout.compile,
+        self.engine = RolloutEngine(model, tokenizer, build_decoder(model, cfg.rollout),
                                     sync_every=cfg.rollout.sync_every)
         self.policy_version: int | None = None  # the initial weights are not a learner version yet
         self.threads = phase_threads(cfg.cluster, node_cores()).rollout  # while generating
-        self.last_stats: dict | None = None  # the last generate call's engine stats
+        self.last_stats: GenerationStats | None = None  # the last generate call's engine stats
         online = cfg.rollout.fastgrpo.online
         self.drafter_learner = (OnlineDrafterLearner(self.engine.decoder.drafter, model, online, seed=cfg.seed + index)
                                 if cfg.rollout.mode == "fastgrpo" and online.enabled else None)
@@ -98,9 +99,9 @@ class RolloutActor:
         self.engine.decoder.set_heads(updated)
         return heads.version
 
-    def last_rollout_stats(self) -> dict | None:
+    def last_rollout_stats(self) -> GenerationStats | None:
         """The engine stats of the last generate call (per decode step: `active_rows_per_step`, and
-        `budget_per_step` when drafting), for benchmarks; None before any."""
+        `tree.budget_per_step` when drafting), for benchmarks; None before any."""
         return self.last_stats
 
     def drafter_state(self) -> dict | None:
@@ -133,11 +134,12 @@ class RolloutActor:
         correct = [math_reward(text, gold) == 1.0 for text, gold in zip(texts, golds)]
         head_version = None if self.heads is None else self.heads.version
         decoder = self.engine.decoder
-        head_records = [decoder.pop_head_records()] if getattr(decoder, "records", None) is not None else []
+        records = self.cfg.rollout.speculates and decoder.collects_head_records
+        head_records = [decoder.pop_head_records()] if records else []
         if self.consolidation is not None and head_version is not None:
             # Not waited on: telemetry must never stall rollouts.
             self.consolidation.record.remote(
-                DriftRecord.from_stats(out.stats, self.index, step, policy_version, head_version))
+                DriftRecord.from_stats(out.stats.tree, self.index, step, policy_version, head_version))
         scored = time.perf_counter()
         drafter_updates = []
         if self.drafter_learner is not None:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from specroll.speculation import DriftConfig, HorizonHeads, SpeculationConfig, shipped_heads
+from specroll.speculation import DriftConfig, HorizonHeads, SpeculationConfig, SpeculativeDecoder, shipped_heads
 from specroll.speculation.adaptation.consolidation import ConsolidationConfig, HeadConsolidator
 from specroll.speculation.adaptation.drift import DRIFT_SIGNALS
 from specroll.speculation.adaptation.head_records import RECORD_NODES
@@ -47,7 +47,7 @@ from specroll.speculation.config import ADAPTATION_MODES
 from specroll.speculation.drafting.heads import model_fingerprint
 
 from ..models import build_tiny_model, load_causal_lm, synchronize
-from ..rollout import RolloutEngine, SamplingParams
+from ..rollout import GenerationStats, RolloutEngine, SamplingParams
 from .engine_vs_hf import load_prompts
 from .grpo_steps import GSM8K_TRAIN
 
@@ -179,7 +179,7 @@ def build_arms(scenario: Scenario, args) -> list[Arm]:
                           reflex=ReflexConfig(mode=args.reflex_mode, scale=args.reflex_scale),
                           records_per_rollout=args.records_per_rollout,
                           record_nodes=args.record_nodes, drift=drift, consolidation=consolidation)
-        engine = RolloutEngine(scenario.model, spec=spec)
+        engine = RolloutEngine(scenario.model, decoder=SpeculativeDecoder(scenario.model, spec))
         engine.decoder.set_heads(copy.deepcopy(heads))  # every mode starts from the same heads
         consolidator = HeadConsolidator(heads, mode, drift, consolidation) if spec.uses_slow_path else None
         arms.append(Arm(mode, engine, consolidator))
@@ -197,15 +197,26 @@ def run_arm(arm: Arm, model, prompts: list[list[int]], params: SamplingParams, r
     out = arm.engine.generate(prompts, params)
     synchronize(device)
     gen_s = time.perf_counter() - started
-    stats = {k: v for k, v in out.stats.items() if k not in DROPPED_STATS}
-    budgets = out.stats.get("budget_per_step")
-    row = stats | {"gen_s": gen_s, "tokens_per_s": out.stats["tokens"] / gen_s, "head_version": head_version,
+    stats = {k: v for k, v in stats_row(out.stats).items() if k not in DROPPED_STATS}
+    budgets = out.stats.tree.budget_per_step if out.stats.tree is not None else None
+    row = stats | {"gen_s": gen_s, "tokens_per_s": out.stats.tokens / gen_s, "head_version": head_version,
                    "responses": len(out.token_ids)}
     if budgets:
         row["budget_mean"] = sum(budgets) / len(budgets)
     if arm.consolidator is not None:
         row |= consolidate(arm, model, policy_version, seed=round_index)
     return row, out.token_ids
+
+
+def stats_row(stats: GenerationStats) -> dict:
+    """A generate call's stats under the names of a round's row: the engine's and its tree
+    decoder's side by side, Reflex's prefixed `reflex_` (its seconds: `time_reflex_s`)."""
+    row = {k: v for k, v in vars(stats).items() if k != "tree"}
+    if stats.tree is not None:
+        row |= {k: v for k, v in vars(stats.tree).items() if k != "reflex"}
+        if stats.tree.reflex is not None:
+            row |= {"time_reflex_s" if k == "time_s" else f"reflex_{k}": v for k, v in vars(stats.tree.reflex).items()}
+    return row
 
 
 def consolidate(arm: Arm, model, policy_version: int, seed: int) -> dict:

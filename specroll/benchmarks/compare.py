@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
-from specroll.speculation import HorizonHeads, SpeculationConfig, shipped_heads
+from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder, shipped_heads
 from specroll.speculation.config import ADAPTATION_MODES
 
-from ..fastgrpo import FastGRPOConfig, FeatureDrafter, OnlineConfig, shipped_drafter
+from ..fastgrpo import FastGRPOConfig, FastGRPODecoder, FeatureDrafter, OnlineConfig, shipped_drafter
 from ..models import load_causal_lm, resolve_device
-from ..rollout import RolloutEngine, SamplingParams
+from ..rollout import Decoder, RolloutEngine, SamplingParams
 from ..telemetry import metric_names as m
 from ..telemetry import plots
 from .comparison import Comparison, ConcurrencyPoint, ModeRun, RolloutTrace
@@ -124,7 +124,7 @@ def run_mode(mode: str, race: Race, args, extra: list[str]) -> ModeRun:
     def on_step_end(step: int, metrics: dict, actors) -> None:
         if step == args.warmup_steps and mode != VANILLA:
             stats = actors.rollout_call("last_rollout_stats")[0]
-            traces.append(RolloutTrace(list(stats["active_rows_per_step"]), list(stats["budget_per_step"])))
+            traces.append(RolloutTrace(list(stats.active_rows_per_step), list(stats.tree.budget_per_step)))
 
     print(f"\n== {race.label}: {mode}", flush=True)
     steps = run_driver(Path(args.run_root) / race.label / mode, mode_overrides(mode, race, args, extra), on_step_end)
@@ -212,16 +212,18 @@ def homogeneity(runs: list[ModeRun]) -> dict[str, float]:
 
 # -- engine-only speed at fixed concurrency ----------------------------------------------------------
 
-def engine_decoding(mode: str, race: Race, model, args):
-    """What `RolloutEngine(spec=...)` takes for `mode` in the engine alone (None: vanilla)."""
+def engine_decoder(mode: str, race: Race, model, args) -> Decoder | None:
+    """`mode`'s decoder of `model` in the engine alone (None: vanilla)."""
     if mode == VANILLA:
         return None
     if mode == FASTGRPO:
         path = None if race.drafter == "null" else race.drafter
-        return FastGRPOConfig(drafter_path=path, capacity=8 if args.tiny else None, online=OnlineConfig(enabled=False))
+        cfg = FastGRPOConfig(drafter_path=path, capacity=8 if args.tiny else None, online=OnlineConfig(enabled=False))
+        return FastGRPODecoder(model, cfg)
     heads = None if race.heads == "null" else race.heads
-    return SpeculationConfig(heads_path=heads, adaptation=mode.removeprefix("speculation-"),
-                      budget="fixed" if args.tiny else args.spec_budget, fixed_nodes=4)
+    cfg = SpeculationConfig(heads_path=heads, adaptation=mode.removeprefix("speculation-"),
+                            budget="fixed" if args.tiny else args.spec_budget, fixed_nodes=4)
+    return SpeculativeDecoder(model, cfg)
 
 
 def concurrency_points(race: Race, args) -> list[ConcurrencyPoint]:
@@ -234,7 +236,7 @@ def concurrency_points(race: Race, args) -> list[ConcurrencyPoint]:
         model, tokenizer = load_causal_lm(race.policy, dtype="float32", device="auto")
     pool, _ = load_prompts(tokenizer, max(args.concurrency), Path(args.data_path)
                            if race.dataset == "gsm8k" else Path("/nonexistent"))
-    engines = {mode: RolloutEngine(model, tokenizer, spec=engine_decoding(mode, race, model, args))
+    engines = {mode: RolloutEngine(model, tokenizer, engine_decoder(mode, race, model, args))
                for mode in ENGINE_MODES if mode in args.modes}
     threads = torch.get_num_threads()
     torch.set_num_threads(args.engine_threads)  # as a rollout actor's engine runs (one thread per reserved CPU)
@@ -253,7 +255,8 @@ def measure_concurrency(race: Race, engines: dict[str, RolloutEngine], pool: lis
         for mode, engine in engines.items():
             engine.generate(prompts[:1], SamplingParams(max_new_tokens=4, seed=args.seed))  # warm-up
             out = engine.generate(prompts, params)
-            speed[mode], passes[mode] = out.stats["tokens_per_s"], out.stats.get("tokens_per_step_mean")
+            speed[mode] = out.stats.tokens_per_s
+            passes[mode] = out.stats.tree.tokens_per_step_mean if out.stats.tree is not None else None
             print(f"  concurrency {c:>3} {mode:<18} {speed[mode]:7.1f} tokens/s", flush=True)
         for mode in (mode for mode in speed if mode != VANILLA):
             points.append(ConcurrencyPoint(race.label, mode, c, speed[mode] / speed[VANILLA], passes[mode]))

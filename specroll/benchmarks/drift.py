@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from specroll.speculation import HorizonHeads, SpeculationConfig
+from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.drafting.heads import model_fingerprint
 from specroll.speculation.head_training.samples import SampleConfig, collect_samples, dataset_prompts
 from specroll.speculation.head_training.training import HeadTrainConfig, train_heads
@@ -106,7 +106,7 @@ def draft_stats(model, heads: HorizonHeads, prompts: list[list[int]], args) -> d
     sampled sequences come back for the KL."""
     spec = SpeculationConfig(head_type=heads.head_type, num_heads=heads.num_heads, heads_path=None, budget="fixed",
                       fixed_nodes=args.nodes, max_nodes=max(16, args.nodes))
-    engine = RolloutEngine(model, spec=spec)
+    engine = RolloutEngine(model, decoder=SpeculativeDecoder(model, spec))
     engine.decoder.set_heads(heads)
     emitted = passes = 0
     per_batch, acceptance, sequences = [], [], []
@@ -114,11 +114,11 @@ def draft_stats(model, heads: HorizonHeads, prompts: list[list[int]], args) -> d
         batch = prompts[b : b + args.batch]
         out = engine.generate(batch, SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens,
                                                     seed=args.seed + b))
-        hist = out.stats["tokens_per_step_hist"]
+        hist = out.stats.tree.tokens_per_step_hist
         emitted += sum(k * v for k, v in hist.items())
         passes += sum(hist.values())
-        per_batch.append(out.stats["tokens_per_step_mean"])
-        acceptance.append(out.stats["acceptance_by_depth"])
+        per_batch.append(out.stats.tree.tokens_per_step_mean)
+        acceptance.append(out.stats.tree.acceptance_by_depth)
         sequences += [p + r for p, r in zip(batch, out.token_ids)]
     return {"tokens_per_pass": emitted / max(passes, 1), "tokens_per_pass_se": standard_error(per_batch),
             "acceptance_by_depth": [sum(a) / len(a) for a in zip(*acceptance)], "sequences": sequences}

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ..data import SyntheticConfig, format_prompt, generate_synthetic, load_gsm8k
 from ..models import load_causal_lm, resolve_checkpoint, resolve_device, synchronize
 from ..models.loading import DTYPES
-from ..rollout import RolloutEngine, SamplingParams
+from ..rollout import GenerationStats, RolloutEngine, SamplingParams
 from .floors import decode_step_flops, matmul_gflops, memory_bandwidth_gbs, weight_bytes_per_step
 
 MODEL = "smollm2-135m-instruct"
@@ -74,7 +74,8 @@ def sampling_params(max_new_tokens: int, seed: int) -> SamplingParams:
     return SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, seed=seed)
 
 
-def run_ours(engine: RolloutEngine, prompts, max_new_tokens: int, seed: int, device) -> tuple[int, float, int, dict]:
+def run_ours(engine: RolloutEngine, prompts, max_new_tokens: int, seed: int,
+             device) -> tuple[int, float, int, GenerationStats]:
     synchronize(device)
     started = time.perf_counter()
     out = engine.generate(prompts, sampling_params(max_new_tokens, seed))
@@ -115,7 +116,7 @@ def run_hf(hf_model, prompts, max_new_tokens: int, seed: int, device, eos_ids: l
     synchronize(device)
     wall = time.perf_counter() - started
     new = out[:, width:].tolist()
-    return sum(response_length(row, set(eos_ids)) for row in new), wall, len(new[0]), {}
+    return sum(response_length(row, set(eos_ids)) for row in new), wall, len(new[0]), None
 
 
 def profile_batch_one(engine: RolloutEngine, prompt: list[int], max_new_tokens: int, top: int = 15) -> str:
@@ -223,11 +224,13 @@ def main(argv=None) -> dict:
             # A compiled warm-up decodes as far as a timed run, so every shape compiles there.
             length = WARMUP_TOKENS if warmup and system != "compiled" else args.max_new_tokens
             tokens, wall, steps, stats = one(dtype, system, prompts[:b], length, max(repeat, 0))
-            compile_s += stats.get("compile_s", 0.0)
-            if not warmup:
-                live = stats.get("active_rows_per_step")
-                runs.append(Run(system, b, repeat, tokens, wall, stats.get("steps", steps), stats.get("prefill_s"),
-                                sum(live) / max(len(live), 1) if live is not None else None, dtype))
+            compile_s += stats.compile_s if stats is not None else 0.0
+            if not warmup and stats is None:  # transformers' generate
+                runs.append(Run(system, b, repeat, tokens, wall, steps, dtype=dtype))
+            elif not warmup:
+                live = stats.active_rows_per_step
+                runs.append(Run(system, b, repeat, tokens, wall, stats.steps, stats.prefill_s,
+                                sum(live) / max(len(live), 1), dtype))
                 if args.json:  # a long run that gets interrupted still leaves its measurements
                     args.json.write_text(json.dumps({"complete": False, "runs": [run_record(r) for r in runs]}, indent=2))
                 bar.write(f"  batch {b:>3} {dtype} {system:>4} #{repeat + 1}: {tokens} tokens in {wall:.2f} s "

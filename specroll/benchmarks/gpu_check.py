@@ -171,7 +171,7 @@ def profile_ops(engine: RolloutEngine, prompts, params: SamplingParams, device: 
     with profile(activities=[ProfilerActivity.CUDA if on_cuda else ProfilerActivity.CPU]) as prof:
         out = engine.generate(prompts, params)
         synchronize(device)
-    steps = max(out.stats["steps"], 1)
+    steps = max(out.stats.steps, 1)
     key = "self_device_time_total" if on_cuda else "self_cpu_time_total"
     events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
     ran = sum(e.count for e in events if getattr(e, key) > 0)
@@ -309,15 +309,15 @@ def time_calls(model, case: Case, compiled: bool, floors: dict, device: torch.de
     out = engine.generate(prompts, params)
     synchronize(device)
     wall = time.perf_counter() - started
-    steps = out.stats["steps"]
-    decode_s = wall - out.stats["prefill_s"]
-    rows = sum(out.stats["active_rows_per_step"]) / max(steps, 1)
+    steps = out.stats.steps
+    decode_s = wall - out.stats.prefill_s
+    rows = sum(out.stats.active_rows_per_step) / max(steps, 1)
     context = case.prompt_len + case.new_tokens / 2
     matmul_floor_s = decode_step_flops(model, rows, context) / (floors["matmul_gflops"] * 1e9)
     weight_floor_s = weight_bytes_per_step(model) / (floors["bandwidth_gbs"] * 1e9)
     ops = profile_ops(engine, prompts, params, device) if profile else OpsProfile(None, None, None, None)
-    return Timing(case, compiled, decode_s / steps * 1e3, (out.stats["tokens"] - case.batch_size) / decode_s,
-                  out.stats["prefill_s"], warm.stats.get("compile_s", 0.0), weight_floor_s * 1e3, matmul_floor_s * 1e3,
+    return Timing(case, compiled, decode_s / steps * 1e3, (out.stats.tokens - case.batch_size) / decode_s,
+                  out.stats.prefill_s, warm.stats.compile_s, weight_floor_s * 1e3, matmul_floor_s * 1e3,
                   attention_kernels(model, case, device), *ops)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specroll.speculation import SpeculationConfig
+from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 
 from ..models import load_causal_lm, synchronize
 from ..rollout import RolloutEngine, SamplingParams, sampling_logprobs
@@ -174,7 +174,8 @@ def run(args: argparse.Namespace) -> dict:
             plain_engine = RolloutEngine(model, tokenizer, compile=on)
             plain_engine.generate(prompts_all[:1], warm)
             plain_ready = time.perf_counter()
-            spec_engine = RolloutEngine(model, tokenizer, spec=spec, compile=on)  # compiles its steps, profiles
+            # The decoder compiles its steps and profiles them as it is built.
+            spec_engine = RolloutEngine(model, tokenizer, SpeculativeDecoder(model, spec, compile=on))
             spec_engine.generate(prompts_all[:1], warm)
             warm_up_s[mode] = {"plain": plain_ready - started, "spec": time.perf_counter() - plain_ready}
             bar.write(f"{mode} engines ready: plain {warm_up_s[mode]['plain']:.0f} s, "
@@ -199,19 +200,19 @@ def run(args: argparse.Namespace) -> dict:
             calls = {engine: timed_generate(engine, prompts, params, device) for engine in order}
             bar.update(2)
             (plain_out, plain_wall), (out, wall) = calls[plain_engine], calls[spec_engine]
-            pairs.append((plain_out.stats["tokens"] / plain_wall, out.stats["tokens"] / wall))
+            pairs.append((plain_out.stats.tokens / plain_wall, out.stats.tokens / wall))
             same += sum(a == b for a, b in zip(plain_out.token_ids, out.token_ids))
             responses += len(out.token_ids)
-            plain_t, plain_tok = plain_t + plain_wall, plain_tok + plain_out.stats["tokens"]
-            plain_prefill += plain_out.stats["prefill_s"]
+            plain_t, plain_tok = plain_t + plain_wall, plain_tok + plain_out.stats.tokens
+            plain_prefill += plain_out.stats.prefill_s
             timed.append(plain_out.stats)
-            spec_t, spec_tok = spec_t + wall, spec_tok + out.stats["tokens"]
-            spec_prefill += out.stats["prefill_s"]
+            spec_t, spec_tok = spec_t + wall, spec_tok + out.stats.tokens
+            spec_prefill += out.stats.prefill_s
             timed.append(out.stats)
-            draft_t += out.stats["time_draft_s"]
-            per_step.append(out.stats["tokens_per_step_mean"])
-            lookup_share.append(out.stats["lookup_token_share"])
-            budgets = out.stats["budget_per_step"]
+            draft_t += out.stats.tree.time_draft_s
+            per_step.append(out.stats.tree.tokens_per_step_mean)
+            lookup_share.append(out.stats.tree.lookup_token_share)
+            budgets = out.stats.tree.budget_per_step
             max_budget = max([max_budget, *budgets])
             oracle.append(oracle_tokens_per_step(model, prompts, out, params, budgets, max_depth))
         row = {
@@ -230,10 +231,10 @@ def run(args: argparse.Namespace) -> dict:
             "lookup_token_share": sum(lookup_share) / len(lookup_share),  # accepted drafts proposed by context lookup
             "budget_trace": budgets,
             "max_budget": max_budget,
-            "acceptance_by_depth": out.stats["acceptance_by_depth"],
+            "acceptance_by_depth": out.stats.tree.acceptance_by_depth,
             # Graphs compiled inside timed calls: shapes the warm-up missed.
-            "compiles_while_timed": sum(stats.get("compiles", 0) for stats in timed),
-            "compile_s_while_timed": sum(stats.get("compile_s", 0.0) for stats in timed),
+            "compiles_while_timed": sum(stats.compiles for stats in timed),
+            "compile_s_while_timed": sum(stats.compile_s for stats in timed),
         }
         rows.append(row)
         bar.write(f"{name} ({mode}): {row['speedup']:.2f}x, {row['tokens_per_step']:.2f} tokens/step")

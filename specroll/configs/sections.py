@@ -152,11 +152,6 @@ class RolloutSection:
         return self.mode == "speculation"
 
     @property
-    def decoding(self) -> SpeculationConfig | FastGRPOConfig | None:
-        """What `RolloutEngine(spec=...)` takes: the drafting mode's config, or None for vanilla decoding."""
-        return {"speculation": self.speculation, "fastgrpo": self.fastgrpo}.get(self.mode)
-
-    @property
     def max_tokens_per_step(self) -> int:
         """Most tokens a decoding step appends per response (1 for vanilla)."""
         if self.mode == "speculation":

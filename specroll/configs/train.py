@@ -156,7 +156,7 @@ def validate_against_model(cfg: TrainConfig, model_config: ModelConfig) -> None:
     context = model_config.max_position_embeddings
     where = f"the context of model.name {cfg.model.name!r} ({context} tokens)"
     rollout = cfg.rollout
-    if rollout.decoding is not None:
+    if rollout.mode != "vanilla":
         needed = rollout.max_new_tokens + rollout.max_tokens_per_step
         field_name = "rollout.speculation.max_nodes" if rollout.mode == "speculation" else "rollout.fastgrpo.max_nodes"
         if needed > context:

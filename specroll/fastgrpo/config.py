@@ -61,9 +61,3 @@ class FastGRPOConfig:
     def max_tokens_per_step(self) -> int:
         """Most tokens one verify pass appends per row (the root and its tree)."""
         return self.max_nodes if self.capacity is None else max(2, min(self.capacity, self.max_nodes))
-
-    def build_decoder(self, model, compile: bool = False):
-        """The baseline's decoder; `compile` is accepted for the engine's sake, its steps run eager."""
-        from .decoder import FastGRPODecoder
-
-        return FastGRPODecoder(model, self)

@@ -19,13 +19,15 @@ import torch
 import torch.nn.functional as F
 
 from specroll.speculation.budgets.profile import get_profile
-from specroll.speculation.decoder import verify_pass_stats
 from specroll.speculation.drafting.tree import Candidates, select_tree, tree_attention_mask
 from specroll.speculation.verification.pass_counts import PassCounts
+from specroll.speculation.verification.pass_stats import StepLog, tree_stats
 from specroll.speculation.verification.verify import verify_tree
 
-from ..rollout.engine import DecodeState, StepResult
+from ..rollout.decode_state import DecodeState, StepResult
+from ..rollout.decoder import prepare_for_decoding
 from ..rollout.sampling import sampling_logprobs
+from ..rollout.stats import CompileStats, DecoderStats
 from .config import FastGRPOConfig
 from .drafter import FeatureDrafter, initial_drafter
 from .feature_log import DraftSequences, FeatureLog
@@ -50,8 +52,16 @@ class DrafterCall:
 
 
 class FastGRPODecoder:
-    def __init__(self, model, cfg: FastGRPOConfig, drafter: FeatureDrafter | None = None) -> None:
-        self.model, self.cfg = model, cfg
+    """The baseline's decoder; its steps run eager and read on the host. `compile` (`rollout.compile`)
+    compiles the engine's bookkeeping around them; `drafter` replaces the configured one."""
+
+    min_rows = 1  # steps that read compact to live rows
+    compiled_on_cuda = False
+
+    def __init__(self, model, cfg: FastGRPOConfig, drafter: FeatureDrafter | None = None,
+                 compile: bool = False) -> None:
+        prepare_for_decoding(model)
+        self.model, self.cfg, self.compiled = model, cfg, compile
         # The acceptance rule; exactness tests swap in a deliberately biased one as a negative control.
         self.verify = verify_tree
         self.capacity = cfg.capacity or get_profile(model, cfg.profile_cache_len).capacity
@@ -66,14 +76,17 @@ class FastGRPODecoder:
 
     def reset_stats(self) -> None:
         self.pass_counts = PassCounts(self.cfg.max_depth + 1, self.cfg.max_depth, next(self.model.parameters()).device)
-        self.stats = {"budget_per_step": [], "time_draft_s": 0.0, "time_verify_s": 0.0, "time_bookkeeping_s": 0.0,
-                      "verify_steps": 0}
+        self.step_log = StepLog()
 
-    def pop_stats(self) -> dict:
-        """The generate call's stats, with the keys of `SpeculativeDecoder.pop_stats` (no context lookup here)."""
-        out = verify_pass_stats(self.stats, self.pass_counts.read()) | {"lookup_token_share": 0.0}
+    def pop_stats(self) -> DecoderStats:
+        """The generate call's stats, as `SpeculativeDecoder.pop_stats` reports them (no context lookup here)."""
+        out = DecoderStats(CompileStats(), tree_stats(self.step_log, self.pass_counts.read()))
         self.reset_stats()
         return out
+
+    def next_step_sync_free(self, state: DecodeState) -> bool:
+        """Never: every step reads its tree's size and its verdict on the host."""
+        return False
 
     def shape(self, active_rows: int) -> TreeShape:
         c = self.cfg
@@ -112,9 +125,9 @@ class FastGRPODecoder:
         if call.log is not None:
             call.log.write(call.slots, base - state.prompt_lengths + 1, kept, verdict.counts)
         self.record(verdict, shape, state.live)
-        self.stats["time_draft_s"] += t1 - t0
-        self.stats["time_verify_s"] += t2 - t1
-        self.stats["time_bookkeeping_s"] += time.perf_counter() - t2
+        self.step_log.time_draft_s += t1 - t0
+        self.step_log.time_verify_s += t2 - t1
+        self.step_log.time_bookkeeping_s += time.perf_counter() - t2
         return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
 
     def call_state(self, state: DecodeState) -> DrafterCall:
@@ -203,8 +216,7 @@ class FastGRPODecoder:
         return (cached | visible)[:, None]
 
     def record(self, verdict, shape: TreeShape, live: torch.Tensor) -> None:
-        self.stats["verify_steps"] += 1
-        self.stats["budget_per_step"].append(shape.nodes)
+        self.step_log.budget_per_step.append(shape.nodes)
         self.pass_counts.add_pass(verdict.counts, live, verdict.accepted_at_depth)
 
     def pop_training_data(self, token_ids: list[list[int]]) -> DraftSequences | None:

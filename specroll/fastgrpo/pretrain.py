@@ -13,6 +13,7 @@ from specroll.speculation.head_training.samples import SampledSequence
 
 from ..rollout import RolloutEngine, SamplingParams
 from .config import FastGRPOConfig, OnlineConfig
+from .decoder import FastGRPODecoder
 from .drafter import FeatureDrafter
 from .feature_log import DraftSequences, teacher_forced_sequences
 from .online import OnlineDrafterLearner
@@ -47,9 +48,9 @@ def tokens_per_pass(model, drafter: FeatureDrafter, prompts: list[list[int]], no
     """The FastGRPO decoder's tokens per verify pass and acceptance by depth on `prompts`, N = `nodes` fixed."""
     cfg = FastGRPOConfig(drafter_path=None, capacity=nodes * len(prompts) * n, max_nodes=nodes,
                          online=OnlineConfig(enabled=False))
-    engine = RolloutEngine(model, spec=cfg)
+    engine = RolloutEngine(model, decoder=FastGRPODecoder(model, cfg))
     engine.decoder.set_drafter(drafter)
     out = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, n=n, seed=seed))
-    return {"nodes": nodes, "tokens_per_pass": out.stats["tokens_per_step_mean"],
-            "acceptance_by_depth": out.stats["acceptance_by_depth"], "responses": len(out.token_ids),
-            "tokens": out.stats["tokens"]}
+    return {"nodes": nodes, "tokens_per_pass": out.stats.tree.tokens_per_step_mean,
+            "acceptance_by_depth": out.stats.tree.acceptance_by_depth, "responses": len(out.token_ids),
+            "tokens": out.stats.tokens}

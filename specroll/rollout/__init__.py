@@ -1,15 +1,25 @@
 """Batched rollout generation with the one sampling function of SpecRoll."""
-from .engine import DecodeState, PlainDecoder, RolloutEngine, RolloutOutput, StepResult
+from .decode_state import DecodeState, StepResult
+from .decoder import Decoder
+from .engine import RolloutEngine, RolloutOutput
+from .plain_decoder import PlainDecoder
 from .sampling import RowRandom, SamplingParams, row_uniforms, sample_tokens, sampling_logprobs, splitmix64
+from .stats import CompileStats, DecoderStats, GenerationStats, ReflexStats, TreeStats
 
 __all__ = [
+    "CompileStats",
     "DecodeState",
+    "Decoder",
+    "DecoderStats",
+    "GenerationStats",
     "PlainDecoder",
+    "ReflexStats",
     "RolloutEngine",
     "RolloutOutput",
     "RowRandom",
     "SamplingParams",
     "StepResult",
+    "TreeStats",
     "row_uniforms",
     "sample_tokens",
     "sampling_logprobs",

@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from .stats import CompileStats
+
 
 def specialise(form: str) -> None:
     """What a compiled step calls first: its graphs then serve `form` alone.
@@ -73,8 +75,8 @@ class StepFunction:
             self.compiles += 1
         return out
 
-    def pop(self) -> dict:
+    def pop(self) -> CompileStats:
         """Graphs compiled since the last pop and the seconds of the calls that compiled them."""
-        out = {"compile_s": self.compile_s, "compiles": self.compiles}
+        out = CompileStats(self.compile_s, self.compiles)
         self.compile_s, self.compiles = 0.0, 0
         return out

@@ -94,8 +94,3 @@ class SpeculationConfig:
     @property
     def uses_slow_path(self) -> bool:
         return self.adaptation in ("slow", "both", "every_step")
-
-    def build_decoder(self, model, compile: bool = False):
-        from .decoder import SpeculativeDecoder
-
-        return SpeculativeDecoder(model, self, compile=compile)

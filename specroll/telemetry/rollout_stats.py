@@ -1,13 +1,15 @@
-"""Metrics of one rollout step: from the engines' stats dicts and from the responses themselves.
+"""Metrics of one rollout step: from the engines' stats and from the responses themselves.
 
-Rollout actors each return `RolloutEngine.generate(...).stats` (plus, when speculating,
-`SpeculativeDecoder.pop_stats`); these functions turn them into `speculation/*`, `perf/*` and `rollout/*`
-metrics for all actors together. Pure functions of their inputs.
+Rollout actors each return `RolloutEngine.generate(...).stats` (a `GenerationStats`, with a
+tree decoder's `TreeStats`); these functions turn them into `speculation/*`, `perf/*` and
+`rollout/*` metrics for all actors together. Pure functions of their inputs.
 """
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+
+from specroll.rollout.stats import GenerationStats, ReflexStats, TreeStats
 
 from . import metric_names as m
 
@@ -16,71 +18,79 @@ def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
-def summarize_rollout_stats(stats: Mapping | Sequence[Mapping], head_version: int | None = None) -> dict[str, float]:
+def summarize_rollout_stats(stats: GenerationStats | Sequence[GenerationStats],
+                            head_version: int | None = None) -> dict[str, float]:
     """`perf/gen_tokens_per_s` and `speculation/*` metrics from the stats of one or more engines.
 
     Actors run in parallel, so throughput is all their tokens over the slowest one's wall time.
     Acceptance by depth is exact for one engine; over several it is weighted by each one's
     response-steps, as the stats carry rates, not the counts of drafts that reached a depth.
     """
-    parts = [stats] if isinstance(stats, Mapping) else list(stats)
+    parts = [stats] if isinstance(stats, GenerationStats) else list(stats)
     if not parts:
         raise ValueError("no rollout stats to summarise")
-    tokens = sum(s["tokens"] for s in parts)
-    wall = max(s["wall_time_s"] for s in parts)
+    tokens = sum(s.tokens for s in parts)
+    wall = max(s.wall_time_s for s in parts)
     out = {m.GEN_TOKENS_PER_S: tokens / wall if wall > 0 else 0.0}
-    active = [rows for s in parts for rows in s["active_rows_per_step"]]
+    active = [rows for s in parts for rows in s.active_rows_per_step]
     if active:
         out[m.ACTIVE_ROWS_MEAN] = mean(active)
     if head_version is not None:
         out[m.HEAD_VERSION] = float(head_version)
-    spec_parts = [s for s in parts if "verify_steps" in s]
-    if not spec_parts:
-        return out
-    out[m.VERIFY_STEPS] = float(sum(s["verify_steps"] for s in spec_parts))
-    hist: Counter = Counter()
-    for s in spec_parts:
-        hist.update(s["tokens_per_step_hist"])
-    response_steps = sum(hist.values())
-    if response_steps:
-        out[m.TOKENS_PER_STEP] = sum(k * v for k, v in hist.items()) / response_steps
-    drafted = sum(s["drafted_response_steps"] for s in spec_parts)
-    if drafted:
-        out[m.DRAFTED_TOKENS_PER_STEP] = sum(s["drafted_tokens"] for s in spec_parts) / drafted
-    budgets = [b for s in spec_parts for b in s["budget_per_step"]]
-    if budgets:
-        out[m.NODE_BUDGET_MEAN] = mean(budgets)
-    weights = [sum(s["tokens_per_step_hist"].values()) for s in spec_parts]
-    if sum(weights):
-        depths = max(len(s["acceptance_by_depth"]) for s in spec_parts)
-        for d in range(depths):
-            rates = [(s["acceptance_by_depth"][d], w) for s, w in zip(spec_parts, weights) if d < len(s["acceptance_by_depth"])]
-            out[m.acceptance_depth(d + 1)] = sum(r * w for r, w in rates) / max(sum(w for _, w in rates), 1)
-    if sum(weights):
-        out[m.LOOKUP_TOKEN_SHARE] = sum(s["lookup_token_share"] * w for s, w in zip(spec_parts, weights)) / sum(weights)
-    spent = sum(s["time_draft_s"] + s["time_verify_s"] + s["time_bookkeeping_s"] for s in spec_parts)
-    if spent > 0:
-        out[m.DRAFT_TIME_FRAC] = sum(s["time_draft_s"] for s in spec_parts) / spent
-    reflex_parts = [s for s in spec_parts if "reflex_records" in s]
-    if reflex_parts:
-        out.update(reflex_metrics(reflex_parts, spent))
+    trees = [s.tree for s in parts if s.tree is not None]
+    if trees:
+        out.update(tree_metrics(trees))
     return out
 
 
-def reflex_metrics(parts: Sequence[Mapping], spent_s: float) -> dict[str, float]:
-    """`speculation/reflex_*` of engines with Reflex on: rates weighted by verify passes, counts summed."""
-    passes = [max(s["verify_steps"], 1) for s in parts]
+def tree_metrics(trees: Sequence[TreeStats]) -> dict[str, float]:
+    """`speculation/*` of the engines with a tree decoder: counts summed, rates weighted by response-steps."""
+    out = {m.VERIFY_STEPS: float(sum(t.verify_steps for t in trees))}
+    hist: Counter = Counter()
+    for t in trees:
+        hist.update(t.tokens_per_step_hist)
+    response_steps = sum(hist.values())
+    if response_steps:
+        out[m.TOKENS_PER_STEP] = sum(k * v for k, v in hist.items()) / response_steps
+    drafted = sum(t.drafted_response_steps for t in trees)
+    if drafted:
+        out[m.DRAFTED_TOKENS_PER_STEP] = sum(t.drafted_tokens for t in trees) / drafted
+    budgets = [b for t in trees for b in t.budget_per_step]
+    if budgets:
+        out[m.NODE_BUDGET_MEAN] = mean(budgets)
+    weights = [sum(t.tokens_per_step_hist.values()) for t in trees]
+    if sum(weights):
+        depths = max(len(t.acceptance_by_depth) for t in trees)
+        for d in range(depths):
+            rates = [(t.acceptance_by_depth[d], w) for t, w in zip(trees, weights) if d < len(t.acceptance_by_depth)]
+            out[m.acceptance_depth(d + 1)] = sum(r * w for r, w in rates) / max(sum(w for _, w in rates), 1)
+    if sum(weights):
+        out[m.LOOKUP_TOKEN_SHARE] = sum(t.lookup_token_share * w for t, w in zip(trees, weights)) / sum(weights)
+    spent = sum(t.time_draft_s + t.time_verify_s + t.time_bookkeeping_s for t in trees)
+    if spent > 0:
+        out[m.DRAFT_TIME_FRAC] = sum(t.time_draft_s for t in trees) / spent
+    with_reflex = [t for t in trees if t.reflex is not None]
+    if with_reflex:
+        out.update(reflex_metrics([t.reflex for t in with_reflex], [t.verify_steps for t in with_reflex], spent))
+    return out
 
-    def weighted(name: str) -> float:
-        return sum(s[name] * w for s, w in zip(parts, passes)) / sum(passes)
 
-    out = {m.REFLEX_ON_FRAC: weighted("reflex_on_share"), m.REFLEX_RELIABILITY: weighted("reflex_reliability"),
-           m.REFLEX_STATE_RMS: weighted("reflex_state_rms"),
-           m.REFLEX_RECORDS: float(sum(s["reflex_records"] for s in parts)),
-           m.REFLEX_RESETS: float(sum(s["reflex_resets"] for s in parts)),
-           m.REFLEX_GUARD_TRIPS: float(sum(s["reflex_guard_trips"] for s in parts))}
+def reflex_metrics(parts: Sequence[ReflexStats], verify_steps: Sequence[int], spent_s: float) -> dict[str, float]:
+    """`speculation/reflex_*` of engines with Reflex on (each with its `verify_steps`): rates
+    weighted by verify passes, counts summed."""
+    passes = [max(steps, 1) for steps in verify_steps]
+
+    def weighted(rates: list[float]) -> float:
+        return sum(r * w for r, w in zip(rates, passes)) / sum(passes)
+
+    out = {m.REFLEX_ON_FRAC: weighted([r.on_share for r in parts]),
+           m.REFLEX_RELIABILITY: weighted([r.reliability for r in parts]),
+           m.REFLEX_STATE_RMS: weighted([r.state_rms for r in parts]),
+           m.REFLEX_RECORDS: float(sum(r.records for r in parts)),
+           m.REFLEX_RESETS: float(sum(r.resets for r in parts)),
+           m.REFLEX_GUARD_TRIPS: float(sum(r.guard_trips for r in parts))}
     if spent_s > 0:
-        out[m.REFLEX_TIME_FRAC] = sum(s["time_reflex_s"] for s in parts) / spent_s
+        out[m.REFLEX_TIME_FRAC] = sum(r.time_s for r in parts) / spent_s
     return out
 
 

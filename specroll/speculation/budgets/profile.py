@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from specroll.models import KVCache, synchronize
 from specroll.models.loading import cache_root
-from specroll.rollout.engine import cache_shape
+from specroll.rollout.decode_state import cache_shape
 
 # Part of the cache key: bump it when the forward's kernels change what a profile measures
 # (2: prepacked CPU linears, batch 64 in the quick grid).
@@ -50,7 +50,7 @@ class HardwareProfile:
     capacity: int = field(default=0)  # C_hw
     compiled: bool = False  # timed through the decoder's compiled steps
     # The tree steps that cells of more than one node time whole (drafting, verify forward,
-    # judging: `SpeculativeDecoder.tree_form`); empty: those cells time verify forwards.
+    # judging: `speculation.warmup.tree_form`); empty: those cells time verify forwards.
     tree_form: str = ""
 
     def __setattr__(self, name: str, value) -> None:

@@ -178,7 +178,7 @@ def collect_samples(model, prompts: list[list[int]], cfg: SampleConfig, cache_di
             added = sum(s.response_len for s in batch)
             have += added
             bar.update(added)
-            bar.set_postfix(tok_s=f"{out.stats['tokens_per_s']:.0f}")
+            bar.set_postfix(tok_s=f"{out.stats.tokens_per_s:.0f}")
         bar.close()
     # Only whole batches count, so the result never depends on how the cache was grown.
     used, total = [], 0

@@ -6,6 +6,8 @@ read, and `read` turns them into numbers when the call ends.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -27,10 +29,8 @@ class PassCounts:
         """One plain pass: every live row emits one token."""
         self.totals[-1] += live.sum()
 
-    def read(self) -> dict:
-        """The counts as numbers, in one host read: `tokens_per_step_hist` {k: row-passes} with
-        plain row-steps under 1, `drafted_response_steps` and `drafted_tokens` of tree passes alone,
-        `drafts_accepted`, `lookup_accepted`, and per depth `accepted_by_depth`, `reached_by_depth`."""
+    def read(self) -> PassTotals:
+        """The counts as numbers, in one host read."""
         flat = self.totals.tolist()
         tokens, depth = self.max_tokens + 1, self.max_depth
         by_tokens = flat[:tokens]
@@ -39,10 +39,36 @@ class PassCounts:
         hist = {k: n for k, n in enumerate(by_tokens) if n}
         if flat[-1]:
             hist[1] = hist.get(1, 0) + flat[-1]
-        return {"tokens_per_step_hist": dict(sorted(hist.items())), "drafted_response_steps": drafted_steps,
-                "drafted_tokens": drafted_tokens, "drafts_accepted": drafted_tokens - drafted_steps,
-                "accepted_by_depth": flat[tokens:tokens + depth], "reached_by_depth": flat[tokens + depth:tokens + 2 * depth],
-                "lookup_accepted": flat[-2]}
+        return PassTotals(tokens_per_step_hist=dict(sorted(hist.items())), drafted_response_steps=drafted_steps,
+                          drafted_tokens=drafted_tokens, drafts_accepted=drafted_tokens - drafted_steps,
+                          accepted_by_depth=flat[tokens:tokens + depth],
+                          reached_by_depth=flat[tokens + depth:tokens + 2 * depth], lookup_accepted=flat[-2])
+
+
+@dataclass
+class PassTotals:
+    """What a generate call's verify passes emitted, over live rows (`PassCounts.read`)."""
+
+    tokens_per_step_hist: dict[int, int]  # row-passes by the tokens they emitted, plain row-steps under 1
+    drafted_response_steps: int  # row-passes of tree passes
+    drafted_tokens: int  # tokens those emitted
+    drafts_accepted: int  # of those, accepted drafts (each row-pass's last token is not a draft)
+    accepted_by_depth: list[int]  # accepted drafts per depth
+    reached_by_depth: list[int]  # row-passes whose tree reached each depth
+    lookup_accepted: int  # accepted drafts that the context lookup chain held
+
+    @property
+    def tokens_per_step_mean(self) -> float:
+        emitted = sum(k * v for k, v in self.tokens_per_step_hist.items())
+        return emitted / max(sum(self.tokens_per_step_hist.values()), 1)
+
+    @property
+    def acceptance_by_depth(self) -> list[float]:
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_by_depth, self.reached_by_depth)]
+
+    @property
+    def lookup_token_share(self) -> float:
+        return self.lookup_accepted / max(self.drafts_accepted, 1)
 
 
 def pass_increments(max_tokens: int, max_depth: int, counts: torch.Tensor, live: torch.Tensor,

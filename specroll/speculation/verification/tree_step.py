@@ -1,7 +1,7 @@
-"""A tree step sized on the host, as two fixed-shape functions around the verify forward.
+"""A sync-free tree step's work, as two fixed-shape functions around the verify forward.
 
 Where the host knows a step's tree size (fixed and concurrency budgets, static drafting:
-`SpeculativeDecoder.sync_free_trees`), nothing in the step reads on the host, so its work beside the
+`speculation.sync_free_trees`), nothing in the step reads on the host, so its work beside the
 forward can run compiled too: on a GPU as CUDA graphs, where eagerly it was ~720 small
 kernels around a compiled forward. `draft_tree_step` drafts (heads and context lookup) and
 chooses each row's tree; `judge_tree_step` samples every node, applies the acceptance rule,

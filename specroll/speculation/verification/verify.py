@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specroll.rollout.decode_state import StepResult
 from specroll.rollout.sampling import sample_tokens
 
 from ..drafting.tree import DraftTree
@@ -34,6 +35,15 @@ class Verdict:
     logprobs: torch.Tensor  # [B, H+1] their log-probabilities under the policy
     accepted_at_depth: torch.Tensor  # [B, H] whether depth d+1 was accepted
     reached_node_prob: torch.Tensor  # [B, H] head probability mass drafted below the node at depth d
+
+    @classmethod
+    def of_plain_step(cls, step: StepResult) -> Verdict:
+        """The verdict of a plain step: its one token per row, no draft accepted."""
+        batch, device = step.tokens.shape[0], step.tokens.device
+        nothing = torch.zeros(batch, 0, device=device)
+        return cls(path=torch.zeros(batch, 1, dtype=torch.long, device=device), counts=step.counts,
+                   tokens=step.tokens, logprobs=step.logprobs, accepted_at_depth=nothing.bool(),
+                   reached_node_prob=nothing)
 
 
 def verify_tree(logprobs: torch.Tensor, tree: DraftTree, uniforms: torch.Tensor | None, greedy: bool,
