@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ from specroll.actors import (
     RunActors,
 )
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
+from specroll.configs.renames import renamed_overrides
 from specroll.data import PromptStream, load_problems
 from specroll.learner import latest_checkpoint, latest_intact_checkpoint, verify_checkpoint
 from specroll.models import resolve_checkpoint
@@ -426,5 +428,13 @@ def main(hydra_cfg: DictConfig) -> None:
         print(describe(run_training(cfg)), flush=True)
 
 
+def refuse_renamed(overrides: list[str]) -> None:
+    """Stop, naming the new spelling, where an override uses a key or value renamed since earlier runs."""
+    renamed = renamed_overrides(overrides)
+    if renamed:
+        raise SystemExit("invalid config: renamed since earlier runs (docs/guide.md, Changelog):\n  " + "\n  ".join(renamed))
+
+
 if __name__ == "__main__":
+    refuse_renamed(sys.argv[1:])
     main()

@@ -207,3 +207,19 @@ def test_tiny_model_with_a_tokenizer_takes_its_vocabulary():
     model, tokenizer = load(["experiment=smoke"]).model.load(seed=0)
     assert model.config.vocab_size == len(tokenizer) == 49152
     assert model.config.eos_token_ids == [tokenizer.eos_token_id]
+
+
+def test_an_override_renamed_since_earlier_runs_is_named_with_its_new_spelling():
+    from specroll.configs.renames import renamed_overrides
+    from specroll.train import refuse_renamed
+
+    assert renamed_overrides(["rollout.spec.budget=fixed", "+rollout.spec.x=1", "rollout=specroll",
+                              "rollout.mode=specroll", "rollout=speculation", "rollout.speculation.budget=fixed",
+                              "rollout=specroll_v2"]) == [
+        "rollout.spec.budget=fixed -> rollout.speculation.budget=fixed",
+        "+rollout.spec.x=1 -> +rollout.speculation.x=1",
+        "rollout=specroll -> rollout=speculation",
+        "rollout.mode=specroll -> rollout.mode=speculation"]
+    with pytest.raises(SystemExit, match="rollout.spec.max_nodes=8 -> rollout.speculation.max_nodes=8"):
+        refuse_renamed(["experiment=smoke", "rollout.spec.max_nodes=8"])
+    refuse_renamed(["experiment=smoke", "rollout.speculation.max_nodes=8"])  # nothing renamed: no exit
