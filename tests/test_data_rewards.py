@@ -8,8 +8,10 @@ import pytest
 from specroll.data import (
     RewardConfig,
     answers_match,
+    boxed_format_reward,
     extract_answer,
     format_reward,
+    last_boxed,
     math_reward,
     score_response,
 )
@@ -151,6 +153,21 @@ def test_default_reward_config_scores_correctness_only():
 def test_reward_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
         RewardConfig(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("So \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
+        ("\\boxed{2} or \\fbox{ [1, 2) }", " [1, 2) "),
+        ("\\boxed{outer \\boxed{inner}}", "inner"),
+        ("\\boxed{1} and \\boxed{unclosed", "1"),
+        ("no box", None),
+    ],
+)
+def test_last_boxed(text, expected):
+    assert last_boxed(text) == expected
+    assert boxed_format_reward(text) == (0.0 if expected is None else 1.0)
 
 
 # 100,000 characters each, built to make a parser that rescans the text from every opening

@@ -17,7 +17,7 @@ from dataclasses import asdict, replace
 import torch
 
 from specroll.configs import TrainConfig, validate_against_model
-from specroll.data import Problem, format_prompt, math_reward, score_response
+from specroll.data import Problem, format_prompt, score_responses
 from specroll.fastgrpo.online import OnlineDrafterLearner
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
 from specroll.models.flat_weights import FlatWeights
@@ -121,8 +121,7 @@ class RolloutActor:
         self.last_stats = out.stats
         texts = self.tokenizer.batch_decode(out.token_ids, skip_special_tokens=True)
         golds = [problem.answer for _, problem in problems for _ in range(params.n)]
-        rewards = [score_response(text, gold, self.cfg.data.reward) for text, gold in zip(texts, golds)]
-        correct = [math_reward(text, gold) == 1.0 for text, gold in zip(texts, golds)]
+        scores = score_responses(texts, golds, self.cfg.data.reward)
         head_version = None if self.heads is None else self.heads.version
         decoder = self.engine.decoder
         head_records = [decoder.pop_head_records()] if getattr(decoder, "records", None) is not None else []
@@ -146,8 +145,8 @@ class RolloutActor:
             response_ids=out.token_ids,
             logprobs=out.logprobs,
             finish_reasons=out.finish_reasons,
-            rewards=rewards,
-            correct=correct,
+            rewards=[score.reward for score in scores],
+            correct=[score.correct for score in scores],
             engine_stats=[out.stats],
             head_records=head_records,
             drafter_updates=drafter_updates,

@@ -1,4 +1,4 @@
-"""Answer extraction and rule-based rewards for math responses.
+"""Answer extraction and the number reward for math responses.
 
 Everything here is a pure function of strings, and every parser runs in time linear in the
 length of the text, so a hostile response cannot stall scoring. Answers are compared as
@@ -8,11 +8,9 @@ and a 40-digit answer never goes through a float.
 
 from __future__ import annotations
 
-import math
 import re
 import unicodedata
 from bisect import bisect_left
-from dataclasses import dataclass
 from fractions import Fraction
 
 # Non-ASCII look-alikes that models (and some datasets) emit inside numbers.
@@ -111,6 +109,12 @@ def _boxed_spans(text: str) -> list[tuple[int, int]]:
     return sorted(spans)
 
 
+def last_boxed(text: str) -> str | None:
+    """The contents of the last balanced ``\\boxed{...}`` (or ``\\fbox``) of ``text``, or None."""
+    spans = _boxed_spans(text)
+    return text[spans[-1][0] : spans[-1][1]] if spans else None
+
+
 def extract_answer(text: str) -> str | None:
     """Extract the final numeric answer of a response, in canonical form.
 
@@ -168,30 +172,6 @@ def format_reward(response: str) -> float:
     return 1.0 if _NUMBER.fullmatch(last_line[4:].lstrip(" \t")) else 0.0
 
 
-
-@dataclass(frozen=True)
-class RewardConfig:
-    """Weights of the rule-based reward.
-
-    Attributes:
-        correct: reward for a correct final answer.
-        format_weight: bonus for ending with a parseable ``#### <number>`` line; 0 disables it.
-    """
-
-    correct: float = 1.0
-    format_weight: float = 0.0
-
-    def __post_init__(self) -> None:
-        for field_name in ("correct", "format_weight"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"RewardConfig.{field_name} must be a number, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(
-                    f"RewardConfig.{field_name} must be finite and >= 0, got {value!r}"
-                )
-
-
-def score_response(response: str, gold: str, cfg: RewardConfig) -> float:
-    """Total reward: ``correct * math_reward + format_weight * format_reward``."""
-    return cfg.correct * math_reward(response, gold) + cfg.format_weight * format_reward(response)
+def boxed_format_reward(response: str) -> float:
+    """1.0 when the response holds a balanced ``\\boxed{...}``, else 0.0."""
+    return 1.0 if _boxed_spans(response) else 0.0
