@@ -70,7 +70,8 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
     checkpoints = run_dir / CHECKPOINTS
     resume_from = checkpoint_to_resume(cfg, checkpoints)
     save_resolved_config(cfg, run_dir)
-    problems = load_problems(cfg.data.name, cfg.data.path, cfg.data.split, cfg.data.limit, cfg.data.synthetic)
+    problems = load_problems(cfg.data.name, cfg.data.path, cfg.data.split, cfg.data.limit, cfg.data.synthetic,
+                             records=cfg.data.records, subset=cfg.data.subset)
     for name in (cfg.model.name, cfg.model.tokenizer):
         if name is not None and not name.startswith("tiny-"):
             resolve_checkpoint(name)  # convert (or download) once here, not in every actor at once

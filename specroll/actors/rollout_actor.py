@@ -114,7 +114,8 @@ class RolloutActor:
             )
         use_threads(self.threads)
         started = time.perf_counter()
-        prompts = [format_prompt(self.tokenizer, problem.question) for _, problem in problems]
+        instruction = self.cfg.data.instruction
+        prompts = [format_prompt(self.tokenizer, problem.question, instruction) for _, problem in problems]
         params = self.cfg.rollout.sampling_params(seed=self.cfg.seed)
         out = self.engine.generate(prompts, params, prompt_keys=[prompt_key(step, i) for i, _ in problems])
         generated = time.perf_counter()
