@@ -147,7 +147,8 @@ def prepare(run: Run) -> None:
     check_runnable(cfg)
     resume_from = checkpoint_to_resume(cfg, run.checkpoints)
     save_resolved_config(cfg, run.run_dir)
-    problems = load_problems(cfg.data.name, cfg.data.path, cfg.data.split, cfg.data.limit, cfg.data.synthetic)
+    problems = load_problems(cfg.data.name, cfg.data.path, cfg.data.split, cfg.data.limit, cfg.data.synthetic,
+                             records=cfg.data.records, subset=cfg.data.subset)
     convert_checkpoints(cfg)
     run.started_ray = connect_ray(cfg.cluster)
     run.actors = RunActors.start(cfg)

@@ -1,14 +1,17 @@
 """Answer extraction and rewards against hand-written responses, adversarial ones included."""
 
 import math
+import time
 
 import pytest
 
 from specroll.data import (
     RewardConfig,
     answers_match,
+    boxed_format_reward,
     extract_answer,
     format_reward,
+    last_boxed,
     math_reward,
     score_response,
 )
@@ -35,6 +38,9 @@ BEYOND_INT_LIMIT = "9" * 5000  # past Python's default 4300-digit int-string lim
         ("x = \\dfrac{14}{4}", "7/2"),
         ("\\boxed{1{,}234}", "1234"),
         ("\\boxed{unclosed 5", "5"),
+        ("\\boxed{\\boxed{3} and 4}", "3"),
+        ("} \\boxed{x {y} 6} \\boxed{ {} }", "6"),
+        ("\\boxed{" * 50 + "8", "8"),
         ("#### 7/2", "7/2"),
         ("#### 8/4", "2"),
         ("#### " + HUGE, HUGE),
@@ -147,3 +153,41 @@ def test_default_reward_config_scores_correctness_only():
 def test_reward_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
         RewardConfig(**{field: value})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("So \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
+        ("\\boxed{2} or \\fbox{ [1, 2) }", " [1, 2) "),
+        ("\\boxed{outer \\boxed{inner}}", "inner"),
+        ("\\boxed{1} and \\boxed{unclosed", "1"),
+        ("no box", None),
+    ],
+)
+def test_last_boxed(text, expected):
+    assert last_boxed(text) == expected
+    assert boxed_format_reward(text) == (0.0 if expected is None else 1.0)
+
+
+# 100,000 characters each, built to make a parser that rescans the text from every opening
+# brace, marker or line quadratic.
+ADVERSARIAL = {
+    "unbalanced boxes": "\\boxed{" * 14_286,
+    "nested boxes": "\\boxed{" * 12_500 + "7" + "}" * 12_500,
+    "open braces": "\\boxed{" + "{" * 100_000,
+    "marker then blanks": "\n####" + " " * 100_000 + "x",
+    "markers without numbers": "#### x\n" * 14_286,
+    "fractions": "\\frac{" * 16_667,
+    "digits": "9" * 100_000,
+}
+
+
+@pytest.mark.parametrize("name", ADVERSARIAL)
+def test_reward_is_linear_in_the_response_length(name):
+    started = time.perf_counter()
+    score_response(ADVERSARIAL[name], "7", RewardConfig(format_weight=1.0))
+    elapsed = time.perf_counter() - started
+    print(f"{name}: {elapsed * 1e3:.1f} ms for {len(ADVERSARIAL[name])} characters")
+    # Milliseconds for a linear parser even on a busy machine; minutes for a quadratic one.
+    assert elapsed < 0.5

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specroll.configs import TrainConfig, validate_against_model
-from specroll.data import Problem, format_prompt, math_reward, score_response
+from specroll.data import Problem, format_prompt, score_responses
 from specroll.decoders import build_decoder
 from specroll.fastgrpo.online import OnlineDrafterLearner
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
@@ -123,15 +123,15 @@ class RolloutActor:
             )
         use_threads(self.threads)
         started = time.perf_counter()
-        prompts = [format_prompt(self.tokenizer, problem.question) for _, problem in problems]
+        instruction = self.cfg.data.instruction
+        prompts = [format_prompt(self.tokenizer, problem.question, instruction) for _, problem in problems]
         params = self.cfg.rollout.sampling_params(seed=self.cfg.seed)
         out = self.engine.generate(prompts, params, prompt_keys=[prompt_key(step, i) for i, _ in problems])
         generated = time.perf_counter()
         self.last_stats = out.stats
         texts = self.tokenizer.batch_decode(out.token_ids, skip_special_tokens=True)
         golds = [problem.answer for _, problem in problems for _ in range(params.n)]
-        rewards = [score_response(text, gold, self.cfg.data.reward) for text, gold in zip(texts, golds)]
-        correct = [math_reward(text, gold) == 1.0 for text, gold in zip(texts, golds)]
+        scores = score_responses(texts, golds, self.cfg.data.reward)
         head_version = None if self.heads is None else self.heads.version
         decoder = self.engine.decoder
         records = self.cfg.rollout.speculates and decoder.collects_head_records
@@ -156,8 +156,8 @@ class RolloutActor:
             response_ids=out.token_ids,
             logprobs=out.logprobs,
             finish_reasons=out.finish_reasons,
-            rewards=rewards,
-            correct=correct,
+            rewards=[score.reward for score in scores],
+            correct=[score.correct for score in scores],
             engine_stats=[out.stats],
             head_records=head_records,
             drafter_updates=drafter_updates,

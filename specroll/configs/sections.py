@@ -2,7 +2,7 @@
 
 Each section checks its own fields when built and names the field in its `ValueError`;
 checks across sections live in `TrainConfig`. Components that already have a config
-(`SpeculationConfig`, `SyntheticConfig`, `RewardConfig`, `LearnerConfig`) are nested as they are;
+(`SpeculationConfig`, `SyntheticConfig`, `RecordFormat`, `RewardConfig`, `LearnerConfig`) are nested as they are;
 the logger's section (`LoggerSection`) lives with telemetry.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from specroll.data import PROBLEM_SOURCES, RewardConfig, SyntheticConfig
+from specroll.data import INSTRUCTION, NUMERIC_FORMATS, PROBLEM_SOURCES, RecordFormat, RewardConfig, SyntheticConfig
 from specroll.fastgrpo import FastGRPOConfig
 from specroll.models import build_tiny_model, load_causal_lm, resolve_checkpoint, resolve_device, resolve_dtype
 from specroll.models.config import SUPPORTED_MODEL_TYPES
@@ -92,26 +92,39 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    """Which problems the policy practises on, how many per step, and how answers are scored."""
+    """Which problems the policy practises on, how they are asked, how many per step, and how answers are scored."""
 
-    name: str = "synthetic"  # problem set: synthetic (built in, no download) or gsm8k
-    # gsm8k: a jsonl file, a folder of <split>.jsonl, or a dataset name; null = openai/gsm8k
-    # through `datasets` (needs network). Ignored for synthetic.
+    # synthetic: built-in generated problems (no download); gsm8k: GSM8K; any other name: the problem
+    # set at `path`, read as `records` says (presets in conf/data/: math, dapo_math)
+    name: str = "synthetic"
+    # a jsonl, json, parquet or arrow file, a folder of <split>.<suffix> files, or a hub dataset name
+    # (needs network); null = openai/gsm8k for gsm8k. Ignored for synthetic.
     path: str | None = None
-    split: str = "train"  # gsm8k split to train on; ignored for synthetic
+    subset: str | None = None  # the hub dataset's configuration (gsm8k falls back to main); ignored for files
+    split: str = "train"  # split to train on, from a folder or the hub; ignored for synthetic
     limit: int | None = None  # keep only the first `limit` problems; null keeps all
+    records: RecordFormat = field(default_factory=RecordFormat)  # fields, answer format, levels; ignored for synthetic
+    instruction: str = INSTRUCTION  # follows every question in the user message; '' sends the question alone
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # generator settings for synthetic
     prompts_per_step: int = 8  # problems per training step; each gets rollout.n responses
     shuffle: bool = True  # visit problems in a seeded shuffled order each epoch
-    reward: RewardConfig = field(default_factory=RewardConfig)  # weights of the rule-based reward
+    reward: RewardConfig = field(default_factory=RewardConfig)  # reward function (number or math_verify) and weights
 
     def __post_init__(self) -> None:
-        check_choice("name", self.name, PROBLEM_SOURCES)
+        if not self.name:
+            raise ValueError("name must be a non-empty string")
+        if self.path is None and self.name not in PROBLEM_SOURCES:
+            raise ValueError(f"path must be a file, a folder or a hub dataset name for problem set {self.name!r} "
+                             f"(only {', '.join(PROBLEM_SOURCES)} load by name alone)")
         if not self.split:
             raise ValueError("split must be a non-empty string")
         if self.limit is not None:
             check_int("limit", self.limit, 1)
         check_int("prompts_per_step", self.prompts_per_step, 1)
+        answers = self.records.answer_format
+        if self.name != "synthetic" and self.reward.function == "number" and answers not in NUMERIC_FORMATS:
+            raise ValueError(f"reward.function 'number' compares numbers, but records.answer_format {answers!r} "
+                             "gives LaTeX answers: use math_verify")
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from specroll.data import DATA_SUFFIXES, split_file
 from specroll.learner import LearnerConfig
 from specroll.models import ModelConfig
 from specroll.models.loading import ALIASES, alias_path
@@ -23,9 +24,8 @@ from .sections import TINY_PREFIX, ClusterSection, DataSection, ModelSection, Ro
 from .typed import build_dataclass
 
 RESUME_MODES = ("auto", "never")
-# Local paths as `load_gsm8k` tells them from dataset names.
+# Local paths as `specroll.data.load_problem_set` tells them from dataset names.
 _LOCAL_PREFIXES = ("/", ".", "~")
-_DATA_SUFFIXES = (".jsonl", ".json")
 
 
 @dataclass
@@ -134,12 +134,13 @@ def check_paths(cfg: TrainConfig) -> None:
         if local.is_dir() and not (local / "config.json").is_file():
             raise ValueError(f"{where}: {local} is not a Hugging Face model directory (no config.json)")
     data = cfg.data
-    if data.name == "gsm8k" and data.path is not None:
+    if data.name != "synthetic" and data.path is not None:
         local = Path(data.path).expanduser()
         if local.is_dir():
-            if not (local / f"{data.split}.jsonl").is_file():
-                raise ValueError(f"data.path: folder {local} has no {data.split}.jsonl (data.split)")
-        elif looks_local(data.path, _DATA_SUFFIXES) and not local.is_file():
+            if split_file(local, data.split) is None:
+                raise ValueError(f"data.path: folder {local} has no {data.split}.jsonl (data.split), "
+                                 "nor a .json, .parquet or .arrow file of that split")
+        elif looks_local(data.path, DATA_SUFFIXES) and not local.is_file():
             raise ValueError(f"data.path: file not found: {local}")
     heads = cfg.rollout.speculation.heads_path
     if cfg.rollout.mode == "speculation" and heads not in (None, "shipped") and not Path(heads).expanduser().is_file():

@@ -7,12 +7,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Problem:
-    """One math word problem.
+    """One math problem.
 
     Attributes:
         question: the problem statement shown to the policy.
-        answer: the canonical numeric answer as a string, e.g. ``"42"``, ``"-3.5"`` or ``"7/2"``.
-        solution: a worked solution whose last line is ``#### <answer>``.
+        answer: the gold answer: a canonical number such as ``"42"``, ``"-3.5"`` or ``"7/2"``
+            (GSM8K, synthetic), or a LaTeX expression such as ``"\\frac{\\sqrt{3}}{2}"`` (MATH, DAPO).
+        solution: a worked solution holding the answer (``#### <answer>`` or ``\\boxed{...}``), or
+            the answer itself when the record has none.
     """
 
     question: str

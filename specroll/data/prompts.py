@@ -9,6 +9,8 @@ INSTRUCTION = (
     "Solve the problem step by step. "
     "Then write the final answer as a number on its own last line, in the form '#### <number>'."
 )
+# For LaTeX answers (MATH, DAPO), read by the math_verify reward.
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 # Tokenizers already warned about, so a training loop warns once rather than per prompt.
 _WARNED_NO_CHAT_TEMPLATE: weakref.WeakSet = weakref.WeakSet()
@@ -17,12 +19,12 @@ _WARNED_NO_CHAT_TEMPLATE: weakref.WeakSet = weakref.WeakSet()
 def format_prompt(tokenizer, question: str, instruction: str = INSTRUCTION) -> list[int]:
     """Token ids of the prompt for ``question``, ending where the model's answer starts.
 
-    The user message is the question followed by ``instruction``, rendered through the
+    The user message is the question followed by ``instruction`` (if any), rendered through the
     tokenizer's chat template with the assistant generation prompt appended. A tokenizer
     without a chat template gets a plain ``Question: ...\\nAnswer:`` prompt instead, with a
     warning (once per tokenizer) since base models follow it less reliably.
     """
-    message = f"{question.strip()}\n\n{instruction}"
+    message = f"{question.strip()}\n\n{instruction}" if instruction else question.strip()
     if tokenizer.chat_template is None:
         if tokenizer not in _WARNED_NO_CHAT_TEMPLATE:
             _WARNED_NO_CHAT_TEMPLATE.add(tokenizer)

@@ -1,16 +1,16 @@
-"""Answer extraction and rule-based rewards for math responses.
+"""Answer extraction and the number reward for math responses.
 
-Everything here is a pure function of strings. Answers are compared as exact rationals
-(``fractions.Fraction``) so ``"3.50"``, ``"7/2"`` and ``"\\frac{7}{2}"`` agree and a
-40-digit answer never goes through a float.
+Everything here is a pure function of strings, and every parser runs in time linear in the
+length of the text, so a hostile response cannot stall scoring. Answers are compared as
+exact rationals (``fractions.Fraction``) so ``"3.50"``, ``"7/2"`` and ``"\\frac{7}{2}"`` agree
+and a 40-digit answer never goes through a float.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import unicodedata
-from dataclasses import dataclass
+from bisect import bisect_left
 from fractions import Fraction
 
 # Non-ASCII look-alikes that models (and some datasets) emit inside numbers.
@@ -50,15 +50,16 @@ _NUMBER = re.compile(
 # What follows a marker, up to the end of its line or the next marker.
 _MARKER = re.compile(r"####((?:(?!####)[^\n])*)")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_FINAL_MARKER_LINE = re.compile(r"(?:\A|\n)[ \t]*####[ \t]*(?P<value>[^\n]*?)\s*\Z")
+_BRACE = re.compile(r"[{}]")
 
 
 def _normalise_text(text: str) -> str:
     """Rewrite unicode digits, look-alike punctuation and LaTeX number markup as ASCII."""
-    text = "".join(
-        str(unicodedata.decimal(char)) if char.isdecimal() and not char.isascii() else char
-        for char in text
-    )
+    if not text.isascii():
+        text = "".join(
+            str(unicodedata.decimal(char)) if char.isdecimal() and not char.isascii() else char
+            for char in text
+        )
     text = text.translate(_PUNCTUATION)
     text = _LATEX_FRACTION.sub(r"\1/\2", text)
     return _LATEX_THOUSANDS.sub(",", text)
@@ -89,25 +90,29 @@ def _first_number(text: str) -> str | None:
     return _canonical(match) if match else None
 
 
-def _last_number(text: str) -> str | None:
-    """Canonical form of the last number in ``text``, or None."""
-    match = None
-    for match in _NUMBER.finditer(text):
-        pass
-    return _canonical(match) if match else None
+def _boxed_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of the contents of every balanced ``\\boxed{...}``, in the order the boxes open.
+
+    One pass over the braces with a stack of the open ones, so unbalanced or deeply nested
+    boxes cost time linear in the length of ``text``.
+    """
+    box_braces = {opening.end() - 1 for opening in _BOXED.finditer(text)}
+    open_braces, spans = [], []
+    for brace in _BRACE.finditer(text):
+        position = brace.start()
+        if text[position] == "{":
+            open_braces.append(position)
+        elif open_braces:
+            start = open_braces.pop()
+            if start in box_braces:
+                spans.append((start + 1, position))
+    return sorted(spans)
 
 
-def _boxed_contents(text: str) -> list[str]:
-    """Contents of every balanced ``\\boxed{...}``, nested braces included, in text order."""
-    contents = []
-    for opening in _BOXED.finditer(text):
-        depth, position = 1, opening.end()
-        while position < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[position], 0)
-            position += 1
-        if depth == 0:
-            contents.append(text[opening.end() : position - 1])
-    return contents
+def last_boxed(text: str) -> str | None:
+    """The contents of the last balanced ``\\boxed{...}`` (or ``\\fbox``) of ``text``, or None."""
+    spans = _boxed_spans(text)
+    return text[spans[-1][0] : spans[-1][1]] if spans else None
 
 
 def extract_answer(text: str) -> str | None:
@@ -124,11 +129,14 @@ def extract_answer(text: str) -> str | None:
         number = _first_number(marker.group(1))
         if number is not None:
             return number
-    for content in reversed(_boxed_contents(text)):
-        number = _first_number(content)
-        if number is not None:
-            return number
-    return _last_number(text)
+    # A number never holds a brace, so the first number of a box is the first match inside it.
+    numbers = list(_NUMBER.finditer(text))
+    starts = [number.start() for number in numbers]
+    for start, end in reversed(_boxed_spans(text)):
+        index = bisect_left(starts, start)
+        if index < len(numbers) and numbers[index].end() <= end:
+            return _canonical(numbers[index])
+    return _canonical(numbers[-1]) if numbers else None
 
 
 def answers_match(predicted: str | None, gold: str) -> bool:
@@ -158,33 +166,12 @@ def math_reward(response: str, gold: str) -> float:
 
 def format_reward(response: str) -> float:
     """1.0 when the response's last non-blank line is ``#### <number>``, else 0.0."""
-    final = _FINAL_MARKER_LINE.search(_normalise_text(response))
-    return 1.0 if final and _NUMBER.fullmatch(final["value"]) else 0.0
+    last_line = _normalise_text(response).rstrip().rpartition("\n")[2].lstrip(" \t")
+    if not last_line.startswith("####"):
+        return 0.0
+    return 1.0 if _NUMBER.fullmatch(last_line[4:].lstrip(" \t")) else 0.0
 
 
-@dataclass(frozen=True)
-class RewardConfig:
-    """Weights of the rule-based reward.
-
-    Attributes:
-        correct: reward for a correct final answer.
-        format_weight: bonus for ending with a parseable ``#### <number>`` line; 0 disables it.
-    """
-
-    correct: float = 1.0
-    format_weight: float = 0.0
-
-    def __post_init__(self) -> None:
-        for field_name in ("correct", "format_weight"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"RewardConfig.{field_name} must be a number, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(
-                    f"RewardConfig.{field_name} must be finite and >= 0, got {value!r}"
-                )
-
-
-def score_response(response: str, gold: str, cfg: RewardConfig) -> float:
-    """Total reward: ``correct * math_reward + format_weight * format_reward``."""
-    return cfg.correct * math_reward(response, gold) + cfg.format_weight * format_reward(response)
+def boxed_format_reward(response: str) -> float:
+    """1.0 when the response holds a balanced ``\\boxed{...}``, else 0.0."""
+    return 1.0 if _boxed_spans(response) else 0.0

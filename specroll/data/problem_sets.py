@@ -1,0 +1,132 @@
+"""Loading a problem set through ``datasets``: a local jsonl, json, parquet or arrow file, a
+folder of split files, or a dataset on the Hugging Face hub."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from specroll.data.problems import Problem, take_first
+from specroll.data.records import RecordFormat, problem_from_record
+
+# The `datasets` builder of each local file format, by suffix.
+BUILDERS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
+DATA_SUFFIXES: tuple[str, ...] = tuple(BUILDERS)
+# What makes a missing path a missing file rather than a hub dataset name.
+LOCAL_PREFIXES: tuple[str, ...] = ("/", ".", "~")
+
+
+def looks_local(path_or_name: str) -> bool:
+    """Whether ``path_or_name`` means a local file even when it does not exist."""
+    return path_or_name.startswith(LOCAL_PREFIXES) or path_or_name.endswith(DATA_SUFFIXES)
+
+
+def split_file(folder: Path, split: str) -> Path | None:
+    """The file of ``split`` in ``folder`` (``train.jsonl``, ``train.parquet``, ...), or None."""
+    return next((folder / f"{split}{s}" for s in DATA_SUFFIXES if (folder / f"{split}{s}").is_file()), None)
+
+
+def local_file(path_or_name: str, split: str) -> Path | None:
+    """The local file ``path_or_name`` names (in a folder: the file of ``split``); None for a hub name.
+
+    Raises:
+        FileNotFoundError: a local path that does not exist, or a folder without a ``split`` file.
+        ValueError: a file whose suffix is none of :data:`DATA_SUFFIXES`.
+    """
+    path = Path(path_or_name).expanduser()
+    if path.is_dir():
+        found = split_file(path, split)
+        if found is None:
+            raise FileNotFoundError(f"folder {path} has no {split}.jsonl, nor a {split}.json, .parquet or .arrow file")
+        return found
+    if path.is_file():
+        if path.suffix not in BUILDERS:
+            raise ValueError(f"{path}: unknown file format {path.suffix!r}; use one of {', '.join(DATA_SUFFIXES)}")
+        return path
+    if looks_local(path_or_name):
+        raise FileNotFoundError(f"file not found: {path}")
+    return None
+
+
+def _jsonl_lines(path: Path) -> list[tuple[int, str]]:
+    """``(line number, line)`` of each non-blank line: the records of a jsonl file."""
+    with path.open(encoding="utf-8") as lines:
+        return [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
+
+
+def _raise_bad_line(path: Path) -> None:
+    """Raise a ValueError naming the first line of a jsonl file that is not a JSON object."""
+    for number, line in _jsonl_lines(path):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: invalid JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+
+
+def _file_rows(path: Path) -> Iterable[dict]:
+    # Imported here so that the synthetic default never pays for importing `datasets`.
+    from datasets import load_dataset
+    from datasets.exceptions import DatasetGenerationError
+
+    try:
+        return load_dataset(BUILDERS[path.suffix], data_files=str(path), split="train")
+    except DatasetGenerationError as error:
+        if path.suffix == ".jsonl":
+            _raise_bad_line(path)
+        raise ValueError(f"{path}: unreadable ({error.__cause__ or error})") from error
+
+
+def _where(path: Path | None, name: str, split: str, index: int) -> str:
+    """Where the record at ``index`` is: a jsonl file's line, another file's record, a hub row."""
+    if path is None:
+        return f"{name}[{split}] row {index}"
+    if path.suffix == ".jsonl":
+        return f"{path}:{_jsonl_lines(path)[index][0]}"
+    return f"{path} record {index + 1}"
+
+
+def load_problem_set(
+    path_or_name: str,
+    records: RecordFormat,
+    split: str = "train",
+    subset: str | None = None,
+    limit: int | None = None,
+) -> list[Problem]:
+    """Load the problems of a problem set through ``datasets.load_dataset``.
+
+    Args:
+        path_or_name: a ``.jsonl``, ``.json``, ``.parquet`` or ``.arrow`` file; a folder holding
+            ``<split>.<suffix>``; or a dataset name on the hub such as ``"openai/gsm8k"``.
+        records: where a record keeps its question and answer, how the answer is written and
+            which levels to keep.
+        split: the split to read from a folder or a hub dataset; ignored for a file.
+        subset: the hub dataset's configuration (``"main"`` for openai/gsm8k); ignored for local files.
+        limit: keep only the first ``limit`` problems (of the levels kept); None keeps all.
+
+    Raises:
+        FileNotFoundError: a local path that does not exist, or a folder without the split.
+        ValueError: a malformed record, naming the file and line (jsonl), the record or the hub row;
+            or no record left at ``records.levels``.
+    """
+    path = local_file(path_or_name, split)
+    if path is not None:
+        rows = _file_rows(path)
+    else:
+        from datasets import load_dataset
+
+        rows = load_dataset(path_or_name, subset, split=split)
+    problems = []
+    for index, row in enumerate(rows):
+        try:
+            problem = problem_from_record(row, records)
+        except ValueError as error:
+            raise ValueError(f"{_where(path, path_or_name, split, index)}: {error}") from None
+        if problem is not None:
+            problems.append(problem)
+    if not problems:
+        levels = f" at levels {list(records.levels)} of field {records.level_field!r}" if records.levels else ""
+        raise ValueError(f"{path or path_or_name}: no problems{levels}")
+    return take_first(problems, limit)
