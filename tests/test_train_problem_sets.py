@@ -29,7 +29,7 @@ def test_a_math_style_run_trains_with_math_verify_rewards(ray_cluster, tmp_path)
         verifier_workers.append(sum(WORKER in command for command in commands))
 
     summary = run_training(cfg, on_step_end=find_verifier_worker)
-    rows = [json.loads(line) for line in Path(summary["metrics_file"]).read_text().splitlines()]
+    rows = [json.loads(line) for line in Path(summary.metrics_file).read_text().splitlines()]
     assert [row["step"] for row in rows] == [0, 1]
     assert [row["train/policy_version"] for row in rows] == [1, 2]  # the learner updated after each step
     assert verifier_workers == [1, 1]  # one worker, started once and kept
