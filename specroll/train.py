@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from specroll.actors import ActorFailedError, LearnerUpdate, Rollouts, RunActors
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.data import PromptStream, load_problems
-from specroll.learner import latest_checkpoint, latest_intact_checkpoint, verify_checkpoint
+from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_branch, verify_checkpoint
 from specroll.models import resolve_checkpoint
 from specroll.telemetry import (
     MetricsLogger,
@@ -203,7 +203,7 @@ def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
         return None
     path = Path(cfg.resume).expanduser()
     verify_checkpoint(path)
-    return path
+    return start_branch(checkpoints, path)
 
 
 def connect_ray(cluster: ClusterSection) -> bool:
