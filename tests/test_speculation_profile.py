@@ -110,3 +110,17 @@ def test_a_tree_steps_own_work_counts_against_speculation(tmp_path, monkeypatch)
     assert [a - b for a, b in zip(cost_model.drafting_s(), drafting_only)] == pytest.approx([0.0] + [0.003] * 7)
     cost_model.tree_extra_s = 0.001  # cheaper than a plain step's extra: no credit
     assert cost_model.drafting_s() == drafting_only
+
+
+@pytest.mark.parametrize("damage", ['{"model": "tiny-profiled", "dev', "", '{"model": "tiny-profiled", "colour": 1}'])
+def test_a_damaged_profile_cache_is_measured_again_with_a_warning_naming_it(tmp_path, monkeypatch, damage):
+    monkeypatch.setenv("SPECROLL_CACHE", str(tmp_path))
+    model = build_tiny_model(seed=0)
+    model.config.name = "tiny-profiled"
+    path = HardwareProfile.cache_path("tiny-profiled", "cpu", "float32", 16)
+    path.parent.mkdir(parents=True)
+    path.write_text(damage)  # cut short by a crash, emptied, or of another layout
+    with pytest.warns(UserWarning, match=f"hardware profile cache {path} is damaged"):
+        measured = get_profile(model, cache_len=16, max_nodes=2)
+    assert HardwareProfile.load("tiny-profiled", "cpu", "float32", 16) == measured  # rewritten whole
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind

@@ -128,6 +128,20 @@ def test_resumed_jsonl_drops_the_steps_it_will_redo(tmp_path):
     assert [(r["step"], r["train/loss"]) for r in rows] == [(0, 0.0), (1, 1.0), (2, 20.0)]
 
 
+def test_metrics_after_a_rollback_hold_each_step_of_the_live_lineage_once(tmp_path):
+    def run(first_step, last_step, branch):
+        with MetricsLogger(LoggerSection(**OFF), tmp_path, first_step=first_step) as logger:
+            for step in range(first_step, last_step):
+                logger.log(step, {"train/loss": branch})
+
+    run(0, 8, 1.0)  # steps 0-7, checkpoints after steps 3, 5 and 7
+    run(4, 6, 2.0)  # resume=<the checkpoint after step 3>: a new branch redoes steps 4 and 5
+    run(6, 7, 2.0)  # then resume=auto: its newest checkpoint, after step 5
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["train/loss"]) for r in rows] == [(0, 1.0), (1, 1.0), (2, 1.0), (3, 1.0), (4, 2.0),
+                                                            (5, 2.0), (6, 2.0)]
+
+
 def test_logger_rejects_bad_names_values_and_steps_before_writing(tmp_path):
     with MetricsLogger(LoggerSection(**OFF), tmp_path) as logger:
         with pytest.raises(ValueError, match="'train/los' is not in the namespace"):

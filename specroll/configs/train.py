@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specroll.data import DATA_SUFFIXES, split_file
-from specroll.learner import LearnerConfig
+from specroll.learner import MIN_KEEP_LAST, LearnerConfig
 from specroll.models import ModelConfig
 from specroll.models.loading import ALIASES, alias_path
 from specroll.telemetry.config import LoggerSection
@@ -41,7 +41,7 @@ class TrainConfig:
     seed: int = 0  # seeds prompt order, sampling and (through conf/) the learner's shuffling
     total_steps: int = 200  # training steps: rollout, reward, update, weight sync
     checkpoint_every: int = 50  # save a checkpoint every this many steps; 0 never saves
-    keep_last: int = 3  # complete checkpoints kept; older ones are deleted
+    keep_last: int = 3  # complete checkpoints kept (>= 2: one to fall back to); older ones are deleted
     resume: str = "auto"  # auto: newest checkpoint in run_dir if any; never: start fresh; or a checkpoint path
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl and wandb/ go here; relative to the launch directory
 
@@ -50,7 +50,7 @@ class TrainConfig:
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         check_int("total_steps", self.total_steps, 1)
         check_int("checkpoint_every", self.checkpoint_every, 0)
-        check_int("keep_last", self.keep_last, 1)
+        check_int("keep_last", self.keep_last, MIN_KEEP_LAST)
         if not self.resume:
             raise ValueError("resume must be 'auto', 'never' or a checkpoint path")
         if not self.run_dir:

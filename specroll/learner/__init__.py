@@ -5,7 +5,6 @@ from .checkpoint import (
     ResumeState,
     RngState,
     export_hf,
-    latest_checkpoint,
     latest_intact_checkpoint,
     load_checkpoint,
     policy_weights,
@@ -14,6 +13,7 @@ from .checkpoint import (
 )
 from .config import LearnerConfig
 from .grpo_learner import GRPOLearner, build_ds_config, build_engine, ensure_distributed, lr_multiplier
+from .lineage import MIN_KEEP_LAST, latest_checkpoint, start_branch
 from .logprobs import ResponseLogprobs, sequence_logprobs
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "GRPOLearner",
     "GRPOSamples",
     "LearnerConfig",
+    "MIN_KEEP_LAST",
     "MicroBatch",
     "ResponseLogprobs",
     "ResumeState",
@@ -40,5 +41,6 @@ __all__ = [
     "policy_weights",
     "save_checkpoint",
     "sequence_logprobs",
+    "start_branch",
     "verify_checkpoint",
 ]

@@ -4,8 +4,10 @@ A checkpoint `step_XXXXXXXX/` holds the DeepSpeed state (weights, optimizer, sch
 every rank, each rank's RNG states, and `state.json` with the step, policy version, data
 position, W&B run id and the resolved config; the draft-head weights go to `heads.pt`, the
 FastGRPO-style drafters' online-learning states (rollout=fastgrpo) to `drafter.pt`.
-It is written as `step_XXXXXXXX.tmp/`, finished with a `COMPLETE` marker and renamed, so a
-crash mid-save leaves only a `.tmp` directory that `latest_checkpoint` never picks.
+It is written as `step_XXXXXXXX.tmp/`, finished with a `COMPLETE` marker, fsynced (every file
+and directory) and renamed, so a crash or power loss mid-save leaves only a `.tmp` directory
+that `latest_checkpoint` never picks. Which checkpoints form the run's history, and which
+are pruned: `lineage.py`.
 
 The marker records every file's size and SHA-256, so damage done after the save (a truncated
 copy, a full disk, bit rot) is found before loading: `verify_checkpoint` names the damaged
@@ -21,7 +23,6 @@ import json
 import os
 import pickle
 import random
-import re
 import shutil
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -36,13 +37,21 @@ from safetensors.torch import save_file
 
 from specroll.models import ModelConfig, to_hf_state_dict
 from specroll.speculation.drafting.heads_state import HeadsState
+from specroll.storage import fsync_tree, publish_directory, write_durably
 
-COMPLETE_MARKER = "COMPLETE"
+from .lineage import (
+    COMPLETE_MARKER,
+    MIN_KEEP_LAST,
+    checkpoint_dir,
+    complete_checkpoints,
+    rotate_checkpoints,
+    set_aside_from,
+)
+
 STATE_FILE = "state.json"
 HEADS_FILE = "heads.pt"
 DRAFTER_FILE = "drafter.pt"
 DEEPSPEED_TAG = "deepspeed"
-CHECKPOINT_NAME = re.compile(r"^step_(\d{8})$")
 # Fields that may change between save and resume without invalidating the saved state.
 MODEL_FIELDS_FREE_TO_CHANGE = ("eos_token_ids",)
 # ZeRO stage and precision decide the layout of the saved optimizer state.
@@ -160,10 +169,6 @@ class ResumeState:
     drafter: list[dict[str, Any]] | None = None  # per rollout actor: its FastGRPO drafter's online-learning state
 
 
-def checkpoint_dir(root: str | Path, step: int) -> Path:
-    return Path(root) / f"step_{step:08d}"
-
-
 def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
@@ -171,25 +176,6 @@ def rank() -> int:
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-
-
-def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
-    """(step, path) of every finished checkpoint under `root`, oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = []
-    for path in root.iterdir():
-        match = CHECKPOINT_NAME.match(path.name)
-        if match and path.is_dir() and (path / COMPLETE_MARKER).is_file():
-            found.append((int(match.group(1)), path))
-    return sorted(found)
-
-
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The newest complete checkpoint; `.tmp` and marker-less directories are ignored."""
-    found = complete_checkpoints(root)
-    return found[-1][1] if found else None
 
 
 def latest_intact_checkpoint(root: str | Path) -> Path | None:
@@ -261,13 +247,6 @@ def resolved_config(learner, run_config: dict[str, Any] | None) -> dict[str, Any
     }
 
 
-def write_durably(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def save_checkpoint(
     learner,
     root: str | Path,
@@ -289,11 +268,12 @@ def save_checkpoint(
         heads: the draft heads and the slow path's state, kept as `heads.pt`.
         wandb_run_id: to resume logging into the same W&B run.
         run_config: the run's whole resolved config (JSON-able), kept for the record.
-        keep_last: keep this many newest checkpoints; None keeps all.
+        keep_last: keep this many newest checkpoints (at least `MIN_KEEP_LAST`); None keeps all.
         drafter: per rollout actor, its FastGRPO drafter's state (anything `torch.save` takes).
     """
-    if keep_last is not None and keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+    if keep_last is not None and keep_last < MIN_KEEP_LAST:
+        raise ValueError(f"keep_last must be >= {MIN_KEEP_LAST} or None, got {keep_last}: resuming falls back "
+                         "to an older checkpoint when the newest is damaged")
     final = checkpoint_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
     if rank() == 0:
@@ -302,6 +282,7 @@ def save_checkpoint(
     barrier()
     learner.engine.save_checkpoint(str(tmp), tag=DEEPSPEED_TAG, save_latest=False)
     RngState.capture().save(tmp / f"rng_rank{rank()}.pt")
+    fsync_tree(tmp)  # every rank: on a shared file system only the writer can flush what it wrote
     barrier()
     if rank() == 0:
         state = {
@@ -318,22 +299,12 @@ def save_checkpoint(
         if drafter is not None:
             torch.save(drafter, tmp / DRAFTER_FILE)
         write_durably(tmp / COMPLETE_MARKER, CompletionMarker(step, file_records(tmp)).to_json())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        set_aside_from(final.parent, step)
+        if not publish_directory(tmp, final):
+            raise RuntimeError(f"{final} appeared while it was being saved: two runs are writing {final.parent}")
         rotate_checkpoints(final.parent, keep_last)
     barrier()
     return final
-
-
-def rotate_checkpoints(root: Path, keep_last: int | None) -> None:
-    """Delete complete checkpoints beyond the newest `keep_last`, and leftovers of crashed saves."""
-    for path in root.glob("step_*.tmp"):
-        shutil.rmtree(path, ignore_errors=True)
-    if keep_last is None:
-        return
-    for _, path in complete_checkpoints(root)[:-keep_last]:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def check_compatible(saved: dict[str, Any], learner, path: Path) -> None:

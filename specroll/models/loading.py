@@ -2,22 +2,28 @@
 
 Sources, in the order they are tried: a known alias, a `.gguf` file, a local Hugging Face
 directory, a hub name. GGUF files are dequantised by transformers and cached as a Hugging
-Face safetensors directory, so only the first load is slow.
+Face safetensors directory, so only the first load is slow; the cache is written atomically,
+safe under concurrent writers, and rebuilt when found damaged.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import importlib.util
+import json
 import logging
 import os
 import re
 import shutil
 import tempfile
+import time
+import warnings
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
+
+from specroll.storage import publish_directory
 
 from .config import ModelConfig
 from .hf_weights import from_hf_state_dict
@@ -68,15 +74,36 @@ def alias_path(alias: str) -> Path:
 
 
 def gguf_to_hf_dir(gguf: Path) -> Path:
-    """Dequantise a GGUF file into a cached HF directory (config, safetensors, tokenizer)."""
+    """Dequantise a GGUF file into a cached HF directory (config, safetensors, tokenizer).
+
+    Safe under concurrent callers (actors starting together, nodes sharing the cache): each
+    converts into its own temporary directory and the first rename wins. A cached directory
+    found damaged is converted again, with a warning naming what was wrong.
+    """
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     target = cache_root() / "models" / f"{gguf.stem}-{key}"
-    if (target / "config.json").exists():
-        return target
+    if target.exists():
+        problem = model_dir_damage(target)
+        if problem is None:
+            return target
+        warnings.warn(f"model cache {target} is damaged: {problem}; converting {gguf} again", stacklevel=3)
+        discard_directory(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.info("converting %s to safetensors (once; cached in %s)", gguf, target)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        write_hf_dir(gguf, tmp)
+        publish_directory(tmp, target)  # False: another process converted it first, as good as ours
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def write_hf_dir(gguf: Path, out_dir: Path) -> None:
+    """Write config.json, model.safetensors and the tokenizer of `gguf` into `out_dir`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    log.info("converting %s to safetensors (once; cached in %s)", gguf, target)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         hf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -88,17 +115,40 @@ def gguf_to_hf_dir(gguf: Path) -> Path:
     state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
     if hf_model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Write into a temporary directory and rename: a crash never leaves a half-written cache.
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(out_dir)
+
+
+def model_dir_damage(model_dir: Path) -> str | None:
+    """What makes a converted directory unusable (a file missing, cut short, unreadable); None when whole."""
+    if not (model_dir / "config.json").is_file():
+        return "config.json is missing"
+    for path in sorted(model_dir.glob("*.json")):
+        try:
+            json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            return f"{path.name} is not JSON ({exc})"
+    weights = sorted(model_dir.glob("*.safetensors"))
+    if not weights:
+        return "no *.safetensors weights"
+    for path in weights:
+        try:
+            with safe_open(str(path), framework="pt"):  # reads the header: checks the file holds all it lists
+                pass
+        except (SafetensorError, OSError) as exc:
+            return f"{path.name} is unreadable ({exc})"
+    return None
+
+
+def discard_directory(path: Path) -> None:
+    """Remove `path` by first renaming it away, so no reader meets it half deleted."""
+    trash = path.with_name(f".damaged-{path.name}-{os.getpid()}-{time.monotonic_ns()}")
     try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+        os.rename(path, trash)
+    except FileNotFoundError:  # another process discarded it first
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def resolve_checkpoint(name_or_path: str) -> Path:

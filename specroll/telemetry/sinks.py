@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 from tqdm.auto import tqdm
+
+from specroll.storage import write_atomically
 
 from .config import LoggerSection
 from .metric_names import FAMILIES, STEP, check_metric_name
@@ -55,17 +56,15 @@ class JsonlSink:
     """One line per step, `{"step": ..., <metrics>}`; non-finite values are written as null.
 
     Lines of steps at or after `first_step` are dropped when the file is opened: a run
-    resumed from a checkpoint redoes those steps and must not record them twice.
+    resumed from a checkpoint redoes those steps (or, after a rollback, takes them on a new
+    branch) and must not record them twice.
     """
 
     def __init__(self, path: Path, first_step: int = 0) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
-            kept = lines_before(path, first_step)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, path)
+            write_atomically(path, "".join(line + "\n" for line in lines_before(path, first_step)))
         self.file = path.open("a")
 
     def log(self, step: int, metrics: dict[str, float | int]) -> None:

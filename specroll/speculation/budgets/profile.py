@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -28,6 +29,7 @@ from tqdm.auto import tqdm
 from specroll.models import KVCache, synchronize
 from specroll.models.loading import cache_root
 from specroll.rollout.decode_state import cache_shape
+from specroll.storage import write_atomically
 
 # Part of the cache key: bump it when the forward's kernels change what a profile measures
 # (2: prepacked CPU linears, batch 64 in the quick grid).
@@ -102,16 +104,24 @@ class HardwareProfile:
         return cache_root() / "profiles" / f"{safe}-{device}-{dtype}{steps}-L{cache_len}-v{PROFILE_VERSION}.json"
 
     def save(self) -> Path:
+        """Write the cache file atomically: engines profiling at once each leave a whole file."""
         path = self.cache_path(self.model, self.device, self.dtype, self.cache_len, self.compiled, self.tree_form)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=1))
+        write_atomically(path, json.dumps(asdict(self), indent=1))
         return path
 
     @classmethod
     def load(cls, model: str, device: str, dtype: str, cache_len: int, compiled: bool = False,
              tree_form: str = "") -> "HardwareProfile | None":
+        """The cached profile; None when there is none, or (with a warning naming the file) when it is damaged."""
         path = cls.cache_path(model, device, dtype, cache_len, compiled, tree_form)
-        return cls(**json.loads(path.read_text())) if path.is_file() else None
+        if not path.is_file():
+            return None
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:  # cut short, not JSON, or other fields
+            warnings.warn(f"hardware profile cache {path} is damaged ({exc}); measuring again", stacklevel=3)
+            return None
 
 
 def extrapolated_interp(x: float, xs: list[int], ys) -> float:
