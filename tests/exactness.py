@@ -1,4 +1,4 @@
-"""Statistical exactness of speculative sampling, token by token (SPECROLL.md section 2).
+"""Statistical exactness of speculative sampling, token by token (docs/algorithm.md, section 2).
 
 Every token a speculative rollout emits must be a sample of the policy's distribution given
 its true prefix. We record, for every decision of every verify step, which response and

@@ -1,4 +1,4 @@
-"""The FastGRPO-style decoder passes SpecRoll's statistical exactness tests (SPECROLL.md sections 2, 8).
+"""The FastGRPO-style decoder passes SpecRoll's statistical exactness tests (docs/algorithm.md, sections 2, 8).
 
 Same tiny policy, prompts and statistics as `test_speculation_exactness.py` (see `exactness.py`): every
 kept token of thousands of responses, at every tree depth, against its exact conditional from

@@ -1,4 +1,4 @@
-"""Drift detector of the slow path (SPECROLL.md section 6): robust z, schedule, cooldown, state."""
+"""Drift detector of the slow path (docs/algorithm.md, section 6): robust z, schedule, cooldown, state."""
 from __future__ import annotations
 
 import io

@@ -1,4 +1,4 @@
-"""Statistical exactness of speculative rollouts, every token at every tree depth (SPECROLL.md section 2).
+"""Statistical exactness of speculative rollouts, every token at every tree depth (docs/algorithm.md, section 2).
 
 A tiny model with an 8-token vocabulary generates thousands of 24-token responses to three
 prompts of different lengths in one batch, with trees deep enough that many verify steps

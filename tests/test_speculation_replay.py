@@ -1,4 +1,4 @@
-"""Replay memory of matured draft records (SPECROLL.md section 6): cap, ageing, split, state."""
+"""Replay memory of matured draft records (docs/algorithm.md, section 6): cap, ageing, split, state."""
 from __future__ import annotations
 
 import io

@@ -1,4 +1,4 @@
-"""Draft trees and the tree-attention pass on a tiny model (SPECROLL.md sections 3-4)."""
+"""Draft trees and the tree-attention pass on a tiny model (docs/algorithm.md, sections 3-4)."""
 from __future__ import annotations
 
 import copy

@@ -1,4 +1,4 @@
-"""Drafter adaptation modes side by side on a controlled policy drift (SPECROLL.md sections 5, 6, 9).
+"""Drafter adaptation modes side by side on a controlled policy drift (docs/algorithm.md, sections 5, 6, 9).
 
 A run is R rounds; a round stands for one training step: fresh prompts, one generate call per
 mode, all modes on the same prompts and seeds. The policy is A for the first `--drift-at`

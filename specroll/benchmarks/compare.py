@@ -51,7 +51,7 @@ SIZES = {"full": dict(steps=4, warmup_steps=1, prompts=4, n=4, max_new_tokens=12
          "quick": dict(steps=2, warmup_steps=1, prompts=2, n=4, max_new_tokens=48, concurrency=[1, 8])}
 # Engine-only speed: the heads alone and the headline mode (in the engine alone no head update happens).
 ENGINE_MODES = (VANILLA, FASTGRPO, "speculation-static", "speculation-both")
-PAPER = [  # SPECROLL.md, "Reference results": the papers' GPU measurements, never ours
+PAPER = [  # the papers' own GPU measurements (SpecRoll, 2026-08; FastGRPO), never ours
     {"source": "SpecRoll paper (2026-08), GPUs, Qwen2.5-1.5B..14B and Llama-3.1-8B", "mode": "speculation-both",
      "figure": "generation vs vanilla", "value": "1.26x-2.15x"},
     {"source": "SpecRoll paper", "mode": "speculation-both", "figure": "end-to-end step vs vanilla", "value": "1.21x-2.04x"},

@@ -1,4 +1,4 @@
-"""How frozen draft heads decay as the policy moves (SPECROLL.md section 5, issue 21 section 1).
+"""How frozen draft heads decay as the policy moves (docs/algorithm.md, section 5).
 
 Given a sequence of policy snapshots (the first is the policy the heads were trained for),
 measure on each, with the same held-out prompts and seeds, the tokens per verify pass and the

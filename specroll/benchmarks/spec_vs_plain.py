@@ -1,4 +1,4 @@
-"""Plain vs speculative generation, side by side in one run (SPECROLL.md section 9).
+"""Plain vs speculative generation, side by side in one run (docs/algorithm.md, section 9).
 
 Same policy, prompts, seeds and sampling settings (temperature 1, top_p 1, max 256 new
 tokens by default; `--temperature`, `--top-p`) at several concurrencies (c prompts x 1

@@ -1,4 +1,4 @@
-"""The FastGRPO-style baseline (SPECROLL.md section 8): a one-layer feature drafter, its dynamic
+"""The FastGRPO-style baseline (docs/algorithm.md, section 8): a one-layer feature drafter, its dynamic
 tree rule, SpecRoll's exact verification, and online draft learning every step."""
 from .config import FastGRPOConfig, OnlineConfig
 from .decoder import FastGRPODecoder

@@ -1,4 +1,4 @@
-"""The FastGRPO-style drafter: one decoder layer over the policy's features (SPECROLL.md section 8).
+"""The FastGRPO-style drafter: one decoder layer over the policy's features (docs/algorithm.md, section 8).
 
 EAGLE's recipe as FastGRPO uses it. An entry at position t reads the policy's final hidden
 state h_t (after the last norm, the feature that LM head reads) and the embedding of the next

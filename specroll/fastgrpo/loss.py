@@ -1,4 +1,4 @@
-"""The drafter's loss (SPECROLL.md section 8), shared by pretraining and online learning.
+"""The drafter's loss (docs/algorithm.md, section 8), shared by pretraining and online learning.
 
 loss = feature_weight * SmoothL1(predicted h_{t+1}, h_{t+1})
      + ce_weight * CE(softmax(W h_{t+1}) || log_softmax(W predicted h_{t+1}))

@@ -1,4 +1,4 @@
-"""FastGRPO's dynamic tree rule (SPECROLL.md section 8): nodes, depth and width from concurrency.
+"""FastGRPO's dynamic tree rule (docs/algorithm.md, section 8): nodes, depth and width from concurrency.
 
 With B unfinished responses and hardware capacity C (total tree nodes a verify pass may
 hold), each response gets N = max(2, min(floor(C / B), N_max)) nodes (root included), so

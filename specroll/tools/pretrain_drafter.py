@@ -4,7 +4,7 @@ Trains a drafter (`specroll.fastgrpo.pretrain`) on `--model`'s samples and repor
 verify pass on held-out prompts before and after; saves it with a summary beside it:
 
     python -m specroll.tools.pretrain_drafter --model smollm2-135m-instruct --dataset gsm8k,synthetic \
-        --data-path ../shared/data/gsm8k/train.jsonl --positions 20000 --epochs 3 --save-dtype bfloat16 \
+        --data-path $GSM8K/train.jsonl --positions 20000 --epochs 3 --save-dtype bfloat16 \
         --out specroll/assets/drafters/smollm2-135m-instruct.drafter.safetensors
 """
 from __future__ import annotations

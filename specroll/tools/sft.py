@@ -4,7 +4,7 @@ Trains `--model` on a problem set's worked solutions (`specroll.learner.sft`), e
 held-out ones before and after, and saves it as a Hugging Face directory with its summary:
 
     python -m specroll.tools.sft --model smollm2-135m-instruct --dataset gsm8k \
-        --data-path ../shared/data/gsm8k/train.jsonl --limit 800 --epochs 2 --out ~/.cache/specroll/sft/gsm8k800
+        --data-path $GSM8K/train.jsonl --limit 800 --epochs 2 --out ~/.cache/specroll/sft/gsm8k800
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Head pretraining by self-distillation on the policy's own samples (SPECROLL.md section 1).
+"""Head pretraining by self-distillation on the policy's own samples (docs/algorithm.md, section 1).
 
 Draws (or reads from the cache) `--model`'s samples, trains horizon heads on them
 (`specroll.speculation.head_training`) and saves the heads with a summary beside them:
 
     python -m specroll.tools.train_heads --model smollm2-135m-instruct --dataset gsm8k,synthetic \
-        --data-path ../shared/data/gsm8k/train.jsonl --out heads.safetensors
+        --data-path $GSM8K/train.jsonl --out heads.safetensors
 """
 from __future__ import annotations
 

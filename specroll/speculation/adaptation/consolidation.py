@@ -1,4 +1,4 @@
-"""The slow path: drift-triggered, head-only updates from replayed records (SPECROLL.md section 6).
+"""The slow path: drift-triggered, head-only updates from replayed records (docs/algorithm.md, section 6).
 
 Rollout actors send each step's head telemetry and a sample of matured records. The
 consolidator keeps the records (bounded, older policy versions aged out), runs the drift

@@ -1,4 +1,4 @@
-"""Drift detector: when to run a head-only update of the draft heads (SPECROLL.md section 6).
+"""Drift detector: when to run a head-only update of the draft heads (docs/algorithm.md, section 6).
 
 Rule. The first `calibration_steps` optimizer steps set the baselines, then they are frozen:
 per head k the pooled acceptance a0_k, and per head and depth bucket b the median m_kb and

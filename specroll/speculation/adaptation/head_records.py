@@ -1,5 +1,5 @@
 """What a rollout tells the slow path: per-head telemetry of every verify pass, and a bounded,
-uniform sample of matured records (SPECROLL.md section 6).
+uniform sample of matured records (docs/algorithm.md, section 6).
 
 A matured record (speculation/adaptation/maturation.py) becomes a `MaturedRecords` row: what head j read (h_t
 and the tokens on its path), what it proposed (its sketch), what the policy said there at

@@ -1,4 +1,4 @@
-"""Reflex: a gradient-free, per-response correction of the draft heads (SPECROLL.md section 5).
+"""Reflex: a gradient-free, per-response correction of the draft heads (docs/algorithm.md, section 5).
 
 Each verify pass gives, at every node of the accepted path that the heads drafted children
 for, both the heads' proposal q there (kept as a sketch: top-m log-probs and ids) and the

@@ -1,4 +1,4 @@
-"""Replay memory of matured draft records, the data of head-only updates (SPECROLL.md section 6).
+"""Replay memory of matured draft records, the data of head-only updates (docs/algorithm.md, section 6).
 
 A record is one head's proposal at one position once the target has produced that position:
 what the head read (h_t and the path tokens), what it proposed (top-m + tail), and what the

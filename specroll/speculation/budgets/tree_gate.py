@@ -1,6 +1,6 @@
 """Whether sync-free tree steps pay: the tokens a row gets from them against what they cost.
 
-The concurrency budget sizes trees by the hardware's capacity alone (SPECROLL.md section 3),
+The concurrency budget sizes trees by the hardware's capacity alone (docs/algorithm.md, section 3),
 which takes drafting and judging a tree to cost little beside its verify forward and the
 drafts to be accepted. Where either fails (a GPU step bound by kernel launches, heads that
 draft poorly for this policy), a tree step emits fewer tokens per second than a plain step.

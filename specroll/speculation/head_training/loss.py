@@ -1,5 +1,5 @@
 """The loss of horizon heads and one training step on it, shared by head pretraining and the
-slow path's head update (SPECROLL.md sections 1 and 6).
+slow path's head update (docs/algorithm.md sections 1 and 6).
 
 Loss of head k (1-based) at t: w_k (a KL(p_{t+k} || q_k) + b NLL(x_{t+k+1} | q_k) + c KL(q_old || q_k)),
 w_k = decay^(k-1), averaged over the positions whose targets lie inside the response.

@@ -1,4 +1,4 @@
-"""Samples for head training: the frozen policy's own responses, cached (SPECROLL.md section 1).
+"""Samples for head training: the frozen policy's own responses, cached (docs/algorithm.md, section 1).
 
 The policy answers prompts at temperature 1 with the plain rollout engine. Sampled sequences
 (prompt + response ids) are cached in a jsonl file keyed by the policy's weights, the prompts,

@@ -1,4 +1,4 @@
-"""Head pretraining by self-distillation on the policy's own samples (SPECROLL.md section 1).
+"""Head pretraining by self-distillation on the policy's own samples (docs/algorithm.md, section 1).
 
 The frozen policy's samples (`samples`) give distillation targets (`targets`); the heads
 learn them with the loss and step shared with the slow path (`loss`) and are evaluated on

@@ -1,4 +1,4 @@
-"""Exact tree verification by sample-and-match (SPECROLL.md section 2).
+"""Exact tree verification by sample-and-match (docs/algorithm.md, section 2).
 
 At every node v of the tree the policy's distribution p_v (after the same temperature /
 top-k / top-p processing as plain sampling) gives one independent sample y_v. From the root,
