@@ -333,7 +333,8 @@ def connect_ray(cluster: ClusterSection) -> bool:
                          f"this machine has {torch.cuda.device_count()}")
     cpus = c.num_rollout_actors * c.cpus_per_rollout_actor + c.learner_world_size * c.cpus_per_learner
     # Ray's CPUs are bookkeeping: a laptop with fewer cores still runs the config, just slower.
-    ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), include_dashboard=False)
+    # address="local": a cluster of this run's own, even where another one runs on this machine.
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), include_dashboard=False)
     return True
 
 

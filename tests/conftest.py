@@ -34,7 +34,7 @@ def torch_threads(request):
 @pytest.fixture(scope="module")
 def ray_cluster(request):
     """A real local Ray cluster for the test module; a module's `RAY_CPUS` sets its logical CPUs (default 4)."""
-    ray.init(num_cpus=getattr(request.module, "RAY_CPUS", 4), include_dashboard=False)
+    ray.init(address="local", num_cpus=getattr(request.module, "RAY_CPUS", 4), include_dashboard=False)
     yield
     ray.shutdown()
 

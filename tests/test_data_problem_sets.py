@@ -73,7 +73,7 @@ def test_math_fixture_reads_the_last_box_of_each_solution():
 def test_math_levels_are_selected_by_config():
     data = data_section(["data=math", f"data.path={FIXTURES / 'math_mini.jsonl'}", "data.records.levels=[3,4,5]"])
     assert [p.answer for p in problems_of(data)] == ["[1, 2)", "2, 3", "\\frac{\\sqrt{3}}{2}"]
-    with pytest.raises(ValueError, match=r"math_mini.jsonl: no problems at levels \[9\] of field 'level'"):
+    with pytest.raises(ValueError, match=r"math_mini.jsonl holds no problems at levels \[9\] of field 'level'"):
         problems_of(data_section(["data=math", f"data.path={FIXTURES / 'math_mini.jsonl'}", "data.records.levels=[9]"]))
 
 

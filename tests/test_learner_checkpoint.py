@@ -168,7 +168,8 @@ def test_every_file_and_directory_is_fsynced_before_the_rename(tmp_path, monkeyp
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "rename", rename)
-    saved = save_checkpoint(make_learner(), tmp_path / "run", step=1, heads={"version": 1}, drafter=[{"n": 1}])
+    saved = save_checkpoint(make_learner(), tmp_path / "run", step=1, heads=HeadsState(1, {"w": torch.ones(2)}, None, None),
+                            drafter=[{"n": 1}])
     tmp = f"{saved}.tmp"
     (synced_before,) = [n for src, n in renamed if src == tmp]
     expected = {tmp} | {f"{tmp}/{p.relative_to(saved)}" for p in saved.rglob("*")}

@@ -170,7 +170,7 @@ def test_bad_inputs_raise_clear_errors(tmp_path, tokenizer):
     base = ["--dataset", "gsm8k", "--out", str(tmp_path / "out"), "--no-progress"]
     with pytest.raises(ValueError, match="holds no problems"):
         main(base + ["--data-path", str(empty)])
-    with pytest.raises(FileNotFoundError, match="GSM8K file not found"):
+    with pytest.raises(FileNotFoundError, match="file not found: .*missing.jsonl"):
         main(base + ["--data-path", str(tmp_path / "missing.jsonl")])
     with pytest.raises(ValueError, match="--data-path is required for gsm8k"):
         main(base)

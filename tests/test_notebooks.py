@@ -26,7 +26,7 @@ NOTEBOOKS = ROOT / "notebooks"
 def tiny_runs(tmp_path_factory):
     """Run directories of two 2-step runs of the smoke experiment: {"speculation": dir, "vanilla": dir}."""
     root = tmp_path_factory.mktemp("runs")
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     try:
         dirs = {}
         for rollout in ("speculation", "vanilla"):

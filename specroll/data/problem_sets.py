@@ -71,6 +71,8 @@ def _file_rows(path: Path) -> Iterable[dict]:
     from datasets import load_dataset
     from datasets.exceptions import DatasetGenerationError
 
+    if path.stat().st_size == 0:  # `datasets` fails on an empty file without naming it
+        raise ValueError(f"{path} holds no problems: the file is empty")
     try:
         return load_dataset(BUILDERS[path.suffix], data_files=str(path), split="train")
     except DatasetGenerationError as error:
@@ -128,5 +130,5 @@ def load_problem_set(
             problems.append(problem)
     if not problems:
         levels = f" at levels {list(records.levels)} of field {records.level_field!r}" if records.levels else ""
-        raise ValueError(f"{path or path_or_name}: no problems{levels}")
+        raise ValueError(f"{path or path_or_name} holds no problems{levels}")
     return take_first(problems, limit)
