@@ -19,7 +19,7 @@ from specroll.actors.remote_calls import ActorFailedError, gather
 from specroll.configs import load_train_config
 from specroll.preflight import PreflightError, preflight
 from specroll.run_dir import SeesRunDir, unwritable, write_run_token
-from specroll.train import run_training
+from specroll.train import errors_as_messages, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKOUT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -230,3 +230,13 @@ def test_an_actor_that_does_not_see_the_run_dir_is_named(tmp_path):
             gather([("learner rank 1", witness.check_run_dir.remote(str(elsewhere), token))], "check_run_dir", 60)
     finally:
         ray.shutdown()
+
+
+@pytest.mark.parametrize("error", [PermissionError(13, "Permission denied", "/runs/x/metrics.jsonl"),
+                                   ConnectionError("cannot reach the Ray cluster at 10.0.0.1:6379 (...)"),
+                                   FileNotFoundError(2, "No such file or directory", "ray")])
+def test_rough_errors_leave_as_their_one_line(monkeypatch, error):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as exited, errors_as_messages("error"):
+        raise error
+    assert exited.value.code == f"error: {error}" and "\n" not in exited.value.code
