@@ -39,9 +39,12 @@ from specroll.actors import (
 )
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.configs.renames import renamed_overrides
-from specroll.data import PromptStream, load_problems
+from specroll.data import PromptStream
 from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_branch, verify_checkpoint
 from specroll.models import resolve_checkpoint
+from specroll.preflight import preflight
+from specroll.run_dir import CHECKPOINTS, write_run_token
+from specroll.storage import write_atomically
 from specroll.telemetry import (
     MetricsLogger,
     StepProgress,
@@ -56,12 +59,12 @@ from specroll.telemetry.run_summary import format_summary
 from specroll.telemetry.sinks import JSONL_NAME
 
 CONF_ENV = "SPECROLL_CONF"
-CHECKPOINTS = "checkpoints"  # under run_dir
 CONFIG_NAME = "config.yaml"  # under run_dir: the resolved config of the latest launch
 CURVES_NAME = "run_curves.png"  # under run_dir: the run's curves, drawn at its end
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks, kept for ours
-# Errors whose message names what failed (a config field, a checkpoint file, an actor): a traceback adds nothing.
-REPORTED_ERRORS = (ValueError, FileNotFoundError, ActorFailedError)
+# Errors whose message names what failed (a config field, a file or folder, the Ray address, an actor):
+# a traceback adds nothing. OSError holds PermissionError, FileNotFoundError and ConnectionError.
+REPORTED_ERRORS = (ValueError, OSError, ActorFailedError)
 
 
 def conf_dir() -> str:
@@ -141,19 +144,21 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
 
 
 def prepare(run: Run) -> None:
-    """Everything before the first step: checks, the checkpoint to resume, the saved config, the
-    data, converted model checkpoints, Ray, the actors, the restored state and the logger."""
-    cfg = run.cfg
-    check_runnable(cfg)
+    """Everything before the first step: every input checked (before anything is written), the
+    checkpoint to resume, the saved config and run token, converted model checkpoints, Ray, the
+    actors (each seeing the run_dir), the restored state and the logger."""
+    check_runnable(run.cfg)
+    inputs = preflight(run.cfg)
+    run.cfg = cfg = inputs.cfg  # run_dir and local paths absolute, for every actor on every node
     resume_from = checkpoint_to_resume(cfg, run.checkpoints)
     save_resolved_config(cfg, run.run_dir)
-    problems = load_problems(cfg.data.name, cfg.data.path, cfg.data.split, cfg.data.limit, cfg.data.synthetic,
-                             records=cfg.data.records, subset=cfg.data.subset)
+    token = write_run_token(run.run_dir)
     convert_checkpoints(cfg)
     run.started_ray = connect_ray(cfg.cluster)
     run.actors = RunActors.start(cfg)
+    run.actors.check_run_dir(cfg.run_dir, token)
     resumed = run.actors.restore(str(resume_from)) if resume_from is not None else None
-    run.stream = PromptStream(problems, cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
+    run.stream = PromptStream(inputs.problems, cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
     if resumed:
         run.first_step, run.last_checkpoint = resumed.step, str(resumed.path)
         run.stream.load_state_dict(resumed.data_position)
@@ -291,7 +296,7 @@ def save_resolved_config(cfg: TrainConfig, run_dir: Path) -> None:
     """The config this launch runs with, as `run_dir/config.yaml` (a resumed launch replaces
     it; every checkpoint keeps the config it was saved under)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_NAME).write_text(OmegaConf.to_yaml(cfg.to_dict()))
+    write_atomically(run_dir / CONFIG_NAME, OmegaConf.to_yaml(cfg.to_dict()))
 
 
 def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
@@ -324,7 +329,12 @@ def connect_ray(cluster: ClusterSection) -> bool:
         return False
     address = cluster.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address)
+        try:
+            ray.init(address=address)
+        except ConnectionError as exc:
+            raise ConnectionError(f"cannot reach the Ray cluster at {address} (cluster.ray_address or $RAY_ADDRESS): "
+                                  f"{str(exc).splitlines()[0]}; start it (ray start --head) or unset both for a "
+                                  "local cluster") from exc
         return True
     c = cluster
     gpus = c.num_rollout_actors * c.gpus_per_rollout_actor + c.learner_world_size * c.gpus_per_learner

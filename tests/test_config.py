@@ -192,7 +192,8 @@ def test_plain_dicts_and_the_saved_form_round_trip():
 
 
 def test_context_limits_are_checked_against_the_model():
-    tiny = tiny_config("llama")  # 256-token context
+    tiny = ModelSection(name="tiny-llama").context_length()  # 256 tokens, read without building the model
+    assert tiny == tiny_config("llama").max_position_embeddings == 256
     validate_against_model(load(["experiment=smoke"]), tiny)
     with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) \+ rollout.speculation.max_nodes \(16\) = 272 exceeds"):
         validate_against_model(load(), tiny)

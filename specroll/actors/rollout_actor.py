@@ -23,6 +23,7 @@ from specroll.fastgrpo.online import OnlineDrafterLearner
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
 from specroll.models.flat_weights import FlatWeights
 from specroll.rollout import GenerationStats, RolloutEngine
+from specroll.run_dir import SeesRunDir
 from specroll.speculation import HorizonHeads
 from specroll.speculation.drafting.heads_state import HeadsState
 
@@ -40,7 +41,7 @@ class ReplicaVersions:
     heads: int | None  # its draft heads' version; None without horizon heads
 
 
-class RolloutActor:
+class RolloutActor(SeesRunDir):
     """Generates and scores its shard of each step's prompts.
 
     Args:
@@ -53,7 +54,7 @@ class RolloutActor:
         use_cpus(cfg.cluster.cpus_per_rollout_actor)
         self.cfg, self.index, self.consolidation = cfg, index, consolidation
         model, tokenizer = replace(cfg.model, device=actor_device(cfg.model.device)).load(seed=cfg.seed)
-        validate_against_model(cfg, model.config)
+        validate_against_model(cfg, model.config.max_position_embeddings)
         if tokenizer is None:
             raise ValueError("model.tokenizer must be set: prompts are formatted and responses scored as text")
         self.model, self.tokenizer = model, tokenizer

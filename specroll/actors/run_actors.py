@@ -92,6 +92,15 @@ class RunActors:
             gather([(CONSOLIDATION, self.consolidation.set_heads.remote(initial))], "set_heads (initial heads)",
                    self.timeout_s)
 
+    def check_run_dir(self, run_dir: str, token: str) -> None:
+        """Every actor reads the token the driver wrote into `run_dir`: all of them see the same storage."""
+        calls = [(rollout_name(i), actor.check_run_dir.remote(run_dir, token)) for i, actor in enumerate(self.rollout)]
+        calls += [(learner_name(r), learner.check_run_dir.remote(run_dir, token))
+                  for r, learner in enumerate(self.learners)]
+        if self.consolidation is not None:
+            calls.append((CONSOLIDATION, self.consolidation.check_run_dir.remote(run_dir, token)))
+        gather(calls, f"check_run_dir ({run_dir})", self.timeout_s)
+
     def sync_policy(self) -> int:
         """Give every rollout actor the learner's current weights unless they hold them already.
 

@@ -13,7 +13,14 @@ from typing import Any
 
 from specroll.data import INSTRUCTION, NUMERIC_FORMATS, PROBLEM_SOURCES, RecordFormat, RewardConfig, SyntheticConfig
 from specroll.fastgrpo import FastGRPOConfig
-from specroll.models import build_tiny_model, load_causal_lm, resolve_checkpoint, resolve_device, resolve_dtype
+from specroll.models import (
+    build_tiny_model,
+    load_causal_lm,
+    resolve_checkpoint,
+    resolve_device,
+    resolve_dtype,
+    tiny_config,
+)
 from specroll.models.config import SUPPORTED_MODEL_TYPES
 from specroll.models.loading import DTYPES
 from specroll.rollout import SamplingParams
@@ -21,6 +28,7 @@ from specroll.speculation import SpeculationConfig
 
 TINY_PREFIX = "tiny-"
 ROLLOUT_MODES = ("vanilla", "speculation", "fastgrpo")
+LONG_PROMPTS = ("fail", "drop")
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:
@@ -79,15 +87,31 @@ class ModelSection:
         """`(CausalLM, tokenizer or None)` as this section describes them."""
         if self.tiny_type is None:
             return load_causal_lm(self.name, dtype=self.dtype, device=self.device)
-        tokenizer, sized_to_tokenizer = None, {}
-        if self.tokenizer is not None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(resolve_checkpoint(self.tokenizer))
+        tokenizer, sized_to_tokenizer = self.load_tokenizer(), {}
+        if tokenizer is not None:
             eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
             sized_to_tokenizer = dict(vocab_size=len(tokenizer), eos_token_ids=eos)
         model = build_tiny_model(self.tiny_type, seed=seed, **sized_to_tokenizer)
         return model.to(device=resolve_device(self.device), dtype=resolve_dtype(self.dtype)).eval(), tokenizer
+
+
+    def load_tokenizer(self):
+        """The tokenizer alone, without the weights: the model's own, or `tokenizer`'s for a tiny
+        model (None when it has none)."""
+        source = self.name if self.tiny_type is None else self.tokenizer
+        if source is None:
+            return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(resolve_checkpoint(source))
+
+    def context_length(self) -> int:
+        """The model's context window in tokens, read from its config alone (no weights)."""
+        if self.tiny_type is not None:
+            return tiny_config(self.tiny_type).max_position_embeddings
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(resolve_checkpoint(self.name)).max_position_embeddings
 
 
 @dataclass
@@ -108,6 +132,9 @@ class DataSection:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # generator settings for synthetic
     prompts_per_step: int = 8  # problems per training step; each gets rollout.n responses
     shuffle: bool = True  # visit problems in a seeded shuffled order each epoch
+    # a prompt with no room for a whole response (learner.max_seq_len, the model's context): fail names
+    # the first one before the run starts; drop leaves all of them out of the run, with a count
+    long_prompts: str = "fail"
     reward: RewardConfig = field(default_factory=RewardConfig)  # reward function (number or math_verify) and weights
 
     def __post_init__(self) -> None:
@@ -121,6 +148,7 @@ class DataSection:
         if self.limit is not None:
             check_int("limit", self.limit, 1)
         check_int("prompts_per_step", self.prompts_per_step, 1)
+        check_choice("long_prompts", self.long_prompts, LONG_PROMPTS)
         answers = self.records.answer_format
         if self.name != "synthetic" and self.reward.function == "number" and answers not in NUMERIC_FORMATS:
             raise ValueError(f"reward.function 'number' compares numbers, but records.answer_format {answers!r} "

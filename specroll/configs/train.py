@@ -3,7 +3,7 @@
 Three stages, each raising `ValueError` that names the dotted field:
 `load_train_config` checks types, unknown keys, each section's fields, the rules across
 sections and the files the config points to; `validate_against_model` adds the limits that
-only the loaded model knows (its context length).
+only the model knows (its context length).
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from specroll.data import DATA_SUFFIXES, split_file
 from specroll.learner import MIN_KEEP_LAST, LearnerConfig
-from specroll.models import ModelConfig
 from specroll.models.loading import ALIASES, alias_path
 from specroll.telemetry.config import LoggerSection
 
@@ -152,9 +151,8 @@ def check_paths(cfg: TrainConfig) -> None:
         raise ValueError(f"resume: checkpoint not found: {Path(cfg.resume).expanduser()} (or use 'auto' / 'never')")
 
 
-def validate_against_model(cfg: TrainConfig, model_config: ModelConfig) -> None:
-    """Limits that need the loaded model: every sequence must fit in its context window."""
-    context = model_config.max_position_embeddings
+def validate_against_model(cfg: TrainConfig, context: int) -> None:
+    """Limits that need the model's context window (`context` tokens): every sequence must fit in it."""
     where = f"the context of model.name {cfg.model.name!r} ({context} tokens)"
     rollout = cfg.rollout
     if rollout.mode != "vanilla":
