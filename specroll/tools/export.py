@@ -57,6 +57,7 @@ def export_policy(policy: CheckpointPolicy, out_dir: str | Path, dtype: str | No
     if saved is None or saved.meta is None:
         return out, None
     heads = HorizonHeads.from_state(asdict(saved.meta), saved.state)
+    heads.version = saved.version  # the meta's may predate the checkpoint's last head update
     heads.base_model_name = str(out)  # drafts for the exported policy from here on
     heads_file = heads_beside(out)
     heads.save(heads_file, dtype=torch.float32)
