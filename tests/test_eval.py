@@ -3,6 +3,8 @@ accuracy counted by hand on a fixture built from the model's own greedy answers 
 the oracle), and training's `eval_every`: its evals and metrics, reproduced exactly by
 `python -m specroll.eval` on the final checkpoint."""
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from specroll.configs import EvalSection, load_train_config
 from specroll.data import format_prompt, generate_synthetic
 from specroll.eval import pass_at_k
 from specroll.eval.__main__ import main as eval_main
-from specroll.eval.__main__ import run_eval
+from specroll.eval.__main__ import parse_args, run_eval
 from specroll.eval.held_out import load_held_out
 from specroll.learner import GRPOLearner, LearnerConfig, export_hf, save_checkpoint
 from specroll.models import build_tiny_model
@@ -44,6 +46,14 @@ def test_pass_at_k_by_hand():
         pass_at_k(4, 1, 5)
     with pytest.raises(ValueError, match="correct"):
         pass_at_k(4, 5, 1)
+
+
+def test_the_guides_eval_commands_parse():
+    text = (CONF.parent / "docs" / "guide.md").read_text().replace("\\\n", " ")
+    commands = re.findall(r"-m specroll\.eval ([^\n`]*)", text)
+    assert len(commands) >= 4
+    for argv in commands:
+        parse_args(shlex.split(argv, comments=True))
 
 
 def test_eval_settings_fail_naming_the_field(tmp_path):
