@@ -39,7 +39,9 @@ from specroll.actors import (
 )
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.configs.renames import renamed_overrides
-from specroll.data import PromptStream
+from specroll.data import Problem, PromptStream
+from specroll.eval.evaluation import EvalReport, eval_plan
+from specroll.eval.held_out import load_held_out
 from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_branch, verify_checkpoint
 from specroll.models import resolve_checkpoint
 from specroll.preflight import preflight
@@ -61,6 +63,7 @@ from specroll.telemetry.sinks import JSONL_NAME
 CONF_ENV = "SPECROLL_CONF"
 CONFIG_NAME = "config.yaml"  # under run_dir: the resolved config of the latest launch
 CURVES_NAME = "run_curves.png"  # under run_dir: the run's curves, drawn at its end
+EVALS = "evals"  # under run_dir: step_XXXXXXXX.json, the held-out evaluation of that checkpoint's policy
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks, kept for ours
 # Errors whose message names what failed (a config field, a file or folder, the Ray address, an actor):
 # a traceback adds nothing. OSError holds PermissionError, FileNotFoundError and ConnectionError.
@@ -82,6 +85,8 @@ class Run:
     logger: MetricsLogger | None = None  # set last: a run with a logger has begun its steps
     first_step: int = 0  # the resumed checkpoint's step; 0 afresh
     last_checkpoint: str | None = None  # the newest one written or resumed from
+    held_out: list[Problem] | None = None  # the problems `eval_every` evaluates on; None without
+    last_eval: str | None = None  # the newest evaluation's file of this launch
 
     @property
     def run_dir(self) -> Path:
@@ -121,6 +126,7 @@ class RunSummary:
     wandb_run_id: str | None
     wandb_dir: str | None  # the offline run's directory, or the run's URL online; None without W&B
     metrics: dict[str, float]  # of the last step; empty when no step ran
+    last_eval: str | None  # this launch's newest held-out evaluation (evals/step_XXXXXXXX.json); None without
     curves_file: str | None  # the run's curves as a PNG; None without steps
     table: str | None  # the end-of-run table; None without steps
 
@@ -150,6 +156,8 @@ def prepare(run: Run) -> None:
     check_runnable(run.cfg)
     inputs = preflight(run.cfg)
     run.cfg = cfg = inputs.cfg  # run_dir and local paths absolute, for every actor on every node
+    if cfg.eval_every:
+        run.held_out = load_held_out(cfg.data, cfg.eval)
     resume_from = checkpoint_to_resume(cfg, run.checkpoints)
     save_resolved_config(cfg, run.run_dir)
     token = write_run_token(run.run_dir)
@@ -196,10 +204,12 @@ def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | N
             if not run.waits_for_heads:  # ... and the next rollout drafts with the heads it publishes
                 update_wait_s = actors.finish_consolidation(consolidating)
             checkpoint_s = save_if_due(run, step, current.data_position)
+            evaluation = evaluate_if_due(run, step)
             # Measured after the checkpoint so that the step's record includes its saving time.
             heads = heads_metrics(actors, consolidating, update_wait_s)
             metrics = step_metrics(rollouts, trained, heads, current.weight_sync_s, checkpoint_s,
                                    time.perf_counter() - started)
+            metrics.update(evaluation)
             run.logger.log(step, metrics)
             progress.update(step, metrics)
             steps.append(metrics)
@@ -226,6 +236,20 @@ def save_if_due(run: Run, step: int, data_position: dict) -> float:
     run.last_checkpoint = run.actors.save(str(run.checkpoints), step + 1, data_position, run.logger.run_id,
                                           cfg.to_dict(), cfg.keep_last)
     return time.perf_counter() - started
+
+
+def evaluate_if_due(run: Run, step: int) -> dict[str, float]:
+    """The policy after step `step` on the held-out problems when `eval_every` asks (and after the
+    last step): `eval/*` and its time, the report written to evals/; empty on other steps."""
+    cfg, done = run.cfg, step + 1
+    if not cfg.eval_every or (done % cfg.eval_every and done != cfg.total_steps):
+        return {}
+    started, plan = time.perf_counter(), eval_plan(cfg.rollout, cfg.eval)
+    version = run.actors.sync_policy()
+    results = run.actors.evaluate(run.held_out, plan, cfg.eval.batch_size)
+    report = EvalReport(f"{cfg.run_dir} (policy version {version})", done, results, plan.ks)
+    run.last_eval = str(report.write(run.run_dir / EVALS / f"step_{done:08d}.json"))
+    return {**report.metrics(), m.TIME_EVAL: time.perf_counter() - started}
 
 
 def heads_metrics(actors: RunActors, consolidating: PendingConsolidation | None,
@@ -259,6 +283,7 @@ def report(run: Run, steps: list[dict[str, float]]) -> RunSummary:
         wandb_run_id=run.logger.run_id,
         wandb_dir=wandb_location(run.logger),
         metrics=steps[-1] if steps else {},
+        last_eval=run.last_eval,
         curves_file=curves_file,
         table=table,
     )
@@ -412,6 +437,8 @@ def describe(summary: RunSummary) -> str:
         lines.append(f"  metrics:      {summary.metrics_file}")
     lines.append(f"  checkpoints:  {summary.checkpoint_dir}   (latest: {summary.last_checkpoint})")
     lines.append(f"  config:       {summary.config_file}")
+    if summary.last_eval:
+        lines.append(f"  evaluation:   {summary.last_eval}")
     if summary.curves_file:
         lines.append(f"  curves:       {summary.curves_file}")
     if summary.table:

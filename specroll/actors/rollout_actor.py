@@ -19,6 +19,7 @@ import torch
 from specroll.configs import TrainConfig, validate_against_model
 from specroll.data import Problem, format_prompt, score_responses
 from specroll.decoders import build_decoder
+from specroll.eval.evaluation import EvalPlan, ProblemEval, evaluate_problems
 from specroll.fastgrpo.online import OnlineDrafterLearner
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
 from specroll.models.flat_weights import FlatWeights
@@ -165,6 +166,13 @@ class RolloutActor(SeesRunDir):
             gen_s=generated - started,
             reward_s=scored - generated,
         )
+
+    def evaluate(self, problems: list[tuple[int, Problem]], plan: EvalPlan) -> list[ProblemEval]:
+        """One batch of held-out problems (each with its index in the held-out set), answered by the
+        policy this replica holds; nothing of it reaches the heads or the step's telemetry."""
+        use_threads(self.threads)
+        return evaluate_problems(self.engine, self.tokenizer, problems, self.cfg.data.instruction,
+                                 self.cfg.data.reward, plan)
 
     @torch.inference_mode()
     def response_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:

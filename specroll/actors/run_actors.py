@@ -14,6 +14,7 @@ import torch
 
 from specroll.configs import TrainConfig
 from specroll.data import Problem
+from specroll.eval.evaluation import EvalPlan, ProblemEval, batches
 from specroll.learner.checkpoint import ResumeState
 from specroll.telemetry import metric_names as m
 
@@ -163,6 +164,14 @@ class RunActors:
         update = LearnerUpdate.of_ranks(results)
         self.learner_version = int(update.metrics[m.POLICY_VERSION])
         return update
+
+    def evaluate(self, problems: list[Problem], plan: EvalPlan, batch_size: int) -> list[ProblemEval]:
+        """The held-out `problems` answered by the rollout actors' current policy, in order: fixed
+        batches of `batch_size`, dealt round-robin, so the results do not depend on the actor count."""
+        calls = [(rollout_name(i % len(self.rollout)), self.rollout[i % len(self.rollout)].evaluate.remote(batch, plan))
+                 for i, batch in enumerate(batches(problems, batch_size))]
+        return [result for batch in gather(calls, f"evaluate (policy version {self.rollout_version})", self.timeout_s)
+                for result in batch]
 
     def save(self, root: str, step: int, data_position: dict, wandb_run_id: str | None, run_config: dict,
              keep_last: int) -> str:

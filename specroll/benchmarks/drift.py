@@ -31,7 +31,7 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -63,21 +63,14 @@ class Snapshot:
 def load_snapshot(spec: str, dtype: str, device: str):
     """A checkpoint directory of a run (its policy weights on the run's model), or anything
     `load_causal_lm` takes. Returns (model, tokenizer)."""
-    from ..configs.sections import ModelSection
-    from ..learner.checkpoint import COMPLETE_MARKER, policy_weights
+    from ..eval.policy import checkpoint_model, read_checkpoint_policy
+    from ..learner.checkpoint import COMPLETE_MARKER
 
     path = Path(spec).expanduser()
     if not (path / COMPLETE_MARKER).is_file():
         return load_causal_lm(str(path) if path.exists() else spec, dtype=dtype, device=device)
-    saved, weights = policy_weights(path)
-    section = saved["run"].get("model") or {"name": saved["model"]["name"]}
-    model, tokenizer = ModelSection(**{**section, "dtype": dtype, "device": device}).load()
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    # A tied LM head is one tensor saved under either name.
-    if unexpected or set(missing) - {"lm_head.weight"}:
-        raise ValueError(f"checkpoint {path} does not fit {section['name']}: missing {missing}, "
-                         f"unexpected {unexpected}")
-    return model, tokenizer
+    policy = read_checkpoint_policy(path)
+    return checkpoint_model(policy, replace(policy.model_section, dtype=dtype, device=device))
 
 
 def tiny_snapshots(count: int) -> list[Snapshot]:

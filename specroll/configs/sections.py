@@ -156,6 +156,43 @@ class DataSection:
 
 
 @dataclass
+class EvalSection:
+    """The held-out evaluation (`eval_every`, `python -m specroll.eval`): which problems, and how pass@k samples."""
+
+    # The held-out split, read from data.path's folder or the hub; for synthetic problems: those drawn
+    # (same generator, same seed) after the training set's data.synthetic.num_problems
+    split: str = "test"
+    # A file, folder or hub name of held-out problems, read as data.records says; null: data.path at `split`
+    path: str | None = None
+    limit: int | None = 64  # evaluate the first `limit` held-out problems; null: all
+    samples: int = 0  # responses sampled per problem (rollout temperature, top-p, top-k) for pass@k; 0: greedy accuracy only
+    k: list[int] = field(default_factory=lambda: [1])  # report pass@k for each k (each <= samples) when samples > 0
+    # problems per generate call, in training and in `python -m specroll.eval` alike, so that the
+    # same weights give the same responses in both
+    batch_size: int = 16
+    seed: int = 0  # seeds the pass@k samples
+
+    def __post_init__(self) -> None:
+        if not self.split:
+            raise ValueError("split must be a non-empty string")
+        if self.path is not None and not self.path:
+            raise ValueError("path must be null or a non-empty path")
+        if self.limit is not None:
+            check_int("limit", self.limit, 1)
+        check_int("samples", self.samples, 0)
+        check_int("batch_size", self.batch_size, 1)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        self.k = list(self.k)
+        if self.samples and not self.k:
+            raise ValueError("k must name at least one k when samples > 0")
+        for k in self.k:
+            check_int("k", k, 1)
+            if self.samples and k > self.samples:
+                raise ValueError(f"k ({k}) must be <= samples ({self.samples}): pass@k draws k of the sampled responses")
+
+
+@dataclass
 class RolloutSection:
     """How responses are sampled (vanilla or speculative decoding, which is exact)."""
 
