@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
 
@@ -50,7 +51,7 @@ COMBINED = "combined"
 
 # Sampling settings: name -> (temperature, top_p).
 SAMPLINGS = {"T=1": (1.0, 1.0), "T=0.7 top-p 0.9": (0.7, 0.9)}
-SIZES = {"full": dict(prompts=16, max_new_tokens=256), "quick": dict(prompts=2, max_new_tokens=96)}
+SIZES = {"full": dict(prompts=8, max_new_tokens=192), "quick": dict(prompts=2, max_new_tokens=64)}
 
 
 def source_settings(sources: dict[str, str | None]) -> dict[str, dict[str, bool]]:
@@ -94,7 +95,7 @@ def tree_tally(out: RolloutOutput) -> tuple[int, int]:
 
 
 def measure_setting(model, tokenizer, heads: HorizonHeads, prompts, base: SpeculationConfig, sampling: tuple[float, float],
-                    budget: int, args) -> list[dict]:
+                    budget: int, args, bar: tqdm) -> list[dict]:
     """Every source at one sampling setting and budget, over the epochs: one row per source."""
     temperature, top_p = sampling
     settings = source_settings(SOURCES)
@@ -108,6 +109,7 @@ def measure_setting(model, tokenizer, heads: HorizonHeads, prompts, base: Specul
             params = SamplingParams(temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=args.max_new_tokens,
                                     n=args.group, seed=args.seed + epoch)
             out = engine.generate(prompts, params)
+            bar.update()
             tally.add(*tree_tally(out))
             depth.append(out.stats.tree.acceptance_by_depth)
             lookup_share.append(out.stats.tree.lookup_token_share)
@@ -207,13 +209,16 @@ def main(argv=None) -> dict:
           f"x {args.group} responses x {args.max_new_tokens} new tokens, {args.epochs} epochs; "
           f"budgets {args.budgets}; sources {list(source_settings(SOURCES))}", flush=True)
     rows, started = [], time.perf_counter()
+    calls = len(SAMPLINGS) * len(args.budgets) * len(source_settings(SOURCES)) * args.epochs
+    bar = tqdm(total=calls, desc="generate calls", unit="call")
     for sampling, values in SAMPLINGS.items():
         for budget in args.budgets:
-            for row in measure_setting(model, tokenizer, heads, prompts, base, values, budget, args):
+            for row in measure_setting(model, tokenizer, heads, prompts, base, values, budget, args, bar):
                 rows.append({"sampling": sampling, "temperature": values[0], "top_p": values[1], "budget": budget} | row)
-                print(f"{sampling}, {budget} nodes, {row['source']}: {row['tokens_per_pass']:.2f} tokens per pass, "
-                      f"oracle {row['oracle_tokens_per_pass']:.2f} ({row['fraction_of_oracle']:.0%}), "
-                      f"same responses {row['same_responses']:.0%}", flush=True)
+                bar.write(f"{sampling}, {budget} nodes, {row['source']}: {row['tokens_per_pass']:.2f} tokens per pass, "
+                          f"oracle {row['oracle_tokens_per_pass']:.2f} ({row['fraction_of_oracle']:.0%}), "
+                          f"same responses {row['same_responses']:.0%}")
+    bar.close()
     elapsed = time.perf_counter() - started
     table = markdown_table(rows)
     print("\ntokens per verify pass = the break-even cost: plain steps a tree step of that budget may cost and "
