@@ -126,7 +126,7 @@ def measure_setting(model, tokenizer, heads: HorizonHeads, prompts, base: Specul
                      "lookup_token_share": sum(lookup_share) / len(lookup_share)})
     for row in rows:
         row |= {"oracle_tokens_per_pass": oracle.per_pass, "oracle_tokens_per_pass_by_epoch": oracle.per_pass_by_epoch,
-                "fraction_of_oracle": row["tokens_per_pass"] / oracle.per_pass,
+                "fraction_of_oracle": row["tokens_per_pass"] / oracle.per_pass if sum(oracle.passes) else float("nan"),
                 # A tree step of this budget pays while it costs fewer plain steps than it emits tokens.
                 "break_even_plain_steps": row["tokens_per_pass"]}
     return rows

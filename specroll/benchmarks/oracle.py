@@ -1,4 +1,4 @@
-"""The oracle bound on tokens per verify pass (docs/algorithm.md, section 9).
+"""The oracle bound on tokens per verify pass, shared by the speculative benchmarks.
 
 What a drafter knowing the policy's exact next-token distributions along the sampled responses
 would get with the same per-step node budgets: the best-N tree from those distributions, with
