@@ -73,15 +73,17 @@ def load_snapshot(spec: str, dtype: str, device: str):
     return checkpoint_model(policy, replace(policy.model_section, dtype=dtype, device=device))
 
 
-def tiny_snapshots(count: int) -> list[Snapshot]:
-    """A random 2-layer model with peaked next-token distributions, then weight interpolations
-    from it to another such model (the last snapshot): a drift as large as a policy change gets."""
-    def peaked(seed: int):
-        model = build_tiny_model(vocab_size=TINY_VOCAB, init_std=0.15, seed=seed).requires_grad_(False)
-        model.norm.weight.mul_(TINY_LOGIT_SCALE)
-        return model
+def peaked_tiny_model(seed: int):
+    """A random 2-layer model with peaked next-token distributions."""
+    model = build_tiny_model(vocab_size=TINY_VOCAB, init_std=0.15, seed=seed).requires_grad_(False)
+    model.norm.weight.mul_(TINY_LOGIT_SCALE)
+    return model
 
-    start, end = peaked(3), peaked(4)
+
+def tiny_snapshots(count: int) -> list[Snapshot]:
+    """A peaked tiny model, then weight interpolations from it to another such model (the last
+    snapshot): a drift as large as a policy change gets."""
+    start, end = peaked_tiny_model(3), peaked_tiny_model(4)
     snapshots = []
     for i in range(count):
         alpha = i / (count - 1)
