@@ -110,6 +110,7 @@ def test_experiments_override_groups_and_top_level_values():
     [
         (["cluster.num_rollout_actors=-1"], "cluster.num_rollout_actors must be an int >= 1, got -1"),
         (["data.prompts_per_step=0"], "data.prompts_per_step must be an int >= 1"),
+        (["data.long_prompts=truncate"], "data.long_prompts must be one of 'fail', 'drop', got 'truncate'"),
         (["keep_last=1"], "keep_last must be an int >= 2, got 1"),
         (["rollout.max_new_tokens=-5"], "rollout.max_new_tokens must be >= 1"),
         (["learner.micro_batch_tokens=-1"], "learner.micro_batch_tokens must be an int >= 1"),

@@ -28,7 +28,6 @@ from specroll.speculation import SpeculationConfig
 
 TINY_PREFIX = "tiny-"
 ROLLOUT_MODES = ("vanilla", "speculation", "fastgrpo")
-LONG_PROMPTS = ("fail", "drop")
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:
@@ -112,6 +111,9 @@ class ModelSection:
         from transformers import AutoConfig
 
         return AutoConfig.from_pretrained(resolve_checkpoint(self.name)).max_position_embeddings
+
+
+LONG_PROMPTS = ("fail", "drop")  # data.long_prompts
 
 
 @dataclass
