@@ -3,7 +3,8 @@
     python tests/driver_killed_at_phase.py STEP PHASE OVERRIDE...
 
 Runs `run_training` on `experiment=...` overrides (Hydra, conf/ of this checkout) and kills its
-own process, with no chance to clean up, as phase PHASE of step STEP begins.
+own process, with no chance to clean up, as phase PHASE of step STEP begins; prints the first
+step it runs ("first step N").
 """
 import os
 import signal
@@ -24,7 +25,12 @@ def main(step: int, phase: str, overrides: list[str]) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = load_train_config(compose("config", overrides=overrides))
 
+    seen = []
+
     def die(at_step: int, at_phase: str, actors) -> None:
+        if not seen:
+            print(f"first step {at_step}", flush=True)  # where this launch resumed
+        seen.append(at_step)
         if (at_step, at_phase) == (step, phase):
             os.kill(os.getpid(), signal.SIGKILL)
 

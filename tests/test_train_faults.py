@@ -117,6 +117,26 @@ def killed_driver(run_dir, phase, at_step, address):
     return done
 
 
+def node_of(actor) -> str:
+    return ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
+
+
+def test_each_actor_kind_runs_on_its_node_and_a_resume_continues(nodes, tmp_path):
+    offering = {name: node["NodeID"] for node in ray.nodes() if node["Alive"] for name in node["Resources"]
+                if name in NODES}
+    placed = []
+
+    def where(step, metrics, actors):
+        placed.append({"rollout_node": node_of(actors.rollout[0]), "learner_node": node_of(actors.learners[0]),
+                       "consolidation_node": node_of(actors.consolidation)})
+
+    first = run_training(config(tmp_path / "run", ["total_steps=2"]), on_step_end=where)
+    resumed = run_training(config(tmp_path / "run", ["total_steps=3"]), on_step_end=where)
+    assert len(set(offering.values())) == 3 and placed == [offering] * 3
+    assert (first.first_step, resumed.first_step, resumed.policy_version) == (0, 2, 3)
+    assert logged_steps(tmp_path / "run") == [0, 1, 2]
+
+
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     """The run directory all cases share, each launch resuming where the one before died, and the
@@ -132,6 +152,7 @@ def test_a_death_in_each_phase_is_named_and_resume_auto_continues(nodes, chain, 
     if who == "driver":
         done = killed_driver(run_dir, phase, at_step, nodes.address)
         assert done.returncode == -9, done.stderr[-3000:]
+        assert done.stdout.splitlines()[0] == f"first step {resumes_at}"
         printed = f"(nothing: SIGKILL, exit status {done.returncode})"
     else:
         printed, first = killed_in_process(run_dir, who, phase, at_step)
