@@ -37,6 +37,7 @@ def test_a_lost_cluster_is_named_as_such_and_resume_auto_continues_on_a_new_one(
         ray.shutdown()  # at once: Ray ends a process whose GCS stays gone for a minute
         cluster.shutdown()
     printed = str(exited.value.code)
+    print(printed)  # the guide quotes it
     assert printed.startswith("error: the Ray cluster was lost during train (step 1)"), printed
     assert "died" not in printed.splitlines()[0]
     assert f"the last complete checkpoint is {tmp_path / 'checkpoints' / 'step_00000001'}; run again with resume=auto" in printed
