@@ -6,8 +6,9 @@
 
 Each step: sample prompts -> push the latest policy to the rollout actors -> rollouts
 (generate, reward) -> advantages and the learner's update -> metrics -> a checkpoint every
-`checkpoint_every` steps (after the step's metrics line, so no checkpoint covers a step without one). With `cluster.overlap` the rollouts of step k+1 are generated while
-the learner trains on step k, so training is one policy version off-policy.
+`checkpoint_every` steps (after the step's metrics line: no checkpoint covers a step without
+one). With `cluster.overlap` the rollouts of step k+1 are generated while the learner trains
+on step k, so training is one policy version off-policy.
 
 The Hydra tree is `conf/` next to the package, or the directory in $SPECROLL_CONF.
 """

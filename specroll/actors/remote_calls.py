@@ -70,8 +70,9 @@ def died(exc: RayActorError, called: str, what: str, names: Mapping[str, str]) -
         exc = exc.cause  # the dead actor's own error, without the header of the call that waited on it
     dead = names.get(exc.actor_id or "", called)
     found = "" if dead == called else f" (found through {called}'s call)"
-    why = [line for line in map(str.strip, str(exc).splitlines()) if line.startswith(DEATH_CAUSE)]
-    return ActorFailedError(f"{dead} died during {what}{found}: {reason(exc)}{' ' + why[0] if why else ''}")
+    said = reason(exc)
+    why = [line for line in map(str.strip, str(exc).splitlines()) if line.startswith(DEATH_CAUSE) and line != said]
+    return ActorFailedError(f"{dead} died during {what}{found}: {said}{' ' + why[0] if why else ''}")
 
 
 def gather(calls: Sequence[tuple[str, "ray.ObjectRef"]], what: str, timeout_s: float,
