@@ -112,9 +112,8 @@ def killed_in_process(run_dir, who, phase, at_step, overrides=()):
 def killed_driver(run_dir, phase, at_step, address):
     """Launch a driver in a subprocess that SIGKILLs itself as `phase` of step `at_step` begins."""
     overrides = [*SMOKE, f"run_dir={run_dir}", f"total_steps={TOTAL_STEPS}", f"cluster.ray_address={address}"]
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "driver_killed_at_phase.py"), str(at_step), phase,
+    return subprocess.run([sys.executable, str(ROOT / "tests" / "driver_killed_at_phase.py"), str(at_step), phase,
                            *overrides], capture_output=True, text=True, env=CHECKOUT_ENV, timeout=300)
-    return done
 
 
 def node_of(actor) -> str:
