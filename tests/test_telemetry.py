@@ -36,7 +36,7 @@ def test_namespace_defines_every_family_and_rejects_other_names():
     assert all(metric_names.METRICS.values())
     for name in ("train/loss", "speculation/tokens_per_step", "timing_s/head_sync", "heads/version", acceptance_depth(12)):
         check_metric_name(name)
-    for name in ("train/los", "reward", "eval/accuracy", "speculation/acceptance_depth_0", "speculation/acceptance_depth_x", "rollout/"):
+    for name in ("train/los", "reward", "eval/acuracy", "speculation/acceptance_depth_0", "speculation/acceptance_depth_x", "rollout/"):
         with pytest.raises(ValueError, match="not in the namespace"):
             check_metric_name(name)
     with pytest.raises(ValueError, match="did you mean train/loss"):

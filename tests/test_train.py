@@ -19,6 +19,7 @@ from specroll.configs import load_train_config
 from specroll.data import PromptStream, load_problems
 from specroll.learner import CheckpointDamagedError, GRPOLearner, LearnerConfig, latest_checkpoint, save_checkpoint
 from specroll.models import build_tiny_model
+from specroll.preflight import PreflightError
 from specroll.telemetry import metric_names as m
 from specroll.train import checkpoint_to_resume, describe, errors_as_messages, run_training
 
@@ -116,11 +117,12 @@ def test_invalid_configs_fail_before_anything_starts(tmp_path):
         run_training(config(tmp_path, ["resume=never"]))
 
 
-def test_limits_of_the_model_fail_at_actor_start_naming_the_field(ray_cluster, tmp_path):
+def test_limits_of_the_model_fail_before_any_actor_starts_naming_the_field(tmp_path):
     cfg = config(tmp_path, ["rollout.max_new_tokens=253", "learner.max_response_len=254"])
-    with pytest.raises(ActorFailedError, match=r"rollout actor 0 died during start-up.*rollout.max_new_tokens \(253\) "
-                                               r"\+ rollout.speculation.max_nodes \(4\) = 257 exceeds"):
+    with pytest.raises(PreflightError, match=r"rollout.max_new_tokens \(253\) "
+                                             r"\+ rollout.speculation.max_nodes \(4\) = 257 exceeds"):
         run_training(cfg)
+    assert not ray.is_initialized()
 
 
 def test_resume_passes_over_a_damaged_checkpoint_only_when_auto(tmp_path):

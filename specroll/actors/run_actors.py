@@ -15,6 +15,7 @@ import torch
 
 from specroll.configs import TrainConfig
 from specroll.data import Problem
+from specroll.eval.evaluation import EvalPlan, ProblemEval, batches
 from specroll.learner.checkpoint import ResumeState
 from specroll.telemetry import metric_names as m
 
@@ -99,6 +100,15 @@ class RunActors:
         """`gather` with the run's timeout, naming whichever of the run's actors died."""
         return gather(calls, what, self.timeout_s, on_result, self.names)
 
+    def check_run_dir(self, run_dir: str, token: str) -> None:
+        """Every actor reads the token the driver wrote into `run_dir`: all of them see the same storage."""
+        calls = [(rollout_name(i), actor.check_run_dir.remote(run_dir, token)) for i, actor in enumerate(self.rollout)]
+        calls += [(learner_name(r), learner.check_run_dir.remote(run_dir, token))
+                  for r, learner in enumerate(self.learners)]
+        if self.consolidation is not None:
+            calls.append((CONSOLIDATION, self.consolidation.check_run_dir.remote(run_dir, token)))
+        gather(calls, f"check_run_dir ({run_dir})", self.timeout_s)
+
     def sync_policy(self) -> int:
         """Give every rollout actor the learner's current weights unless they hold them already.
 
@@ -160,6 +170,14 @@ class RunActors:
         update = LearnerUpdate.of_ranks(results)
         self.learner_version = int(update.metrics[m.POLICY_VERSION])
         return update
+
+    def evaluate(self, problems: list[Problem], plan: EvalPlan, batch_size: int) -> list[ProblemEval]:
+        """The held-out `problems` answered by the rollout actors' current policy, in order: fixed
+        batches of `batch_size`, dealt round-robin, so the results do not depend on the actor count."""
+        calls = [(rollout_name(i % len(self.rollout)), self.rollout[i % len(self.rollout)].evaluate.remote(batch, plan))
+                 for i, batch in enumerate(batches(problems, batch_size))]
+        return [result for batch in gather(calls, f"evaluate (policy version {self.rollout_version})", self.timeout_s)
+                for result in batch]
 
     def save(self, root: str, step: int, data_position: dict, wandb_run_id: str | None, run_config: dict,
              keep_last: int) -> str:
