@@ -6,8 +6,9 @@
 
 Each step: sample prompts -> push the latest policy to the rollout actors -> rollouts
 (generate, reward) -> advantages and the learner's update -> metrics -> a checkpoint every
-`checkpoint_every` steps. With `cluster.overlap` the rollouts of step k+1 are generated while
-the learner trains on step k, so training is one policy version off-policy.
+`checkpoint_every` steps (after the step's metrics line: no checkpoint covers a step without
+one). With `cluster.overlap` the rollouts of step k+1 are generated while the learner trains
+on step k, so training is one policy version off-policy.
 
 The Hydra tree is `conf/` next to the package, or the directory in $SPECROLL_CONF.
 """
@@ -31,12 +32,14 @@ from tqdm.auto import tqdm
 
 from specroll.actors import (
     ActorFailedError,
+    ClusterLostError,
     LearnerUpdate,
     PendingConsolidation,
     PendingRollouts,
     Rollouts,
     RunActors,
 )
+from specroll.actors.placement import local_resources
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.configs.renames import renamed_overrides
 from specroll.data import Problem, PromptStream
@@ -65,9 +68,13 @@ CONFIG_NAME = "config.yaml"  # under run_dir: the resolved config of the latest 
 CURVES_NAME = "run_curves.png"  # under run_dir: the run's curves, drawn at its end
 EVALS = "evals"  # under run_dir: step_XXXXXXXX.json, the held-out evaluation of that checkpoint's policy
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks, kept for ours
-# Errors whose message names what failed (a config field, a file or folder, the Ray address, an actor):
-# a traceback adds nothing. OSError holds PermissionError, FileNotFoundError and ConnectionError.
-REPORTED_ERRORS = (ValueError, OSError, ActorFailedError)
+# Errors whose message names what failed (a config field, a file or folder, the Ray address, an actor, a lost
+# cluster): a traceback adds nothing. OSError holds PermissionError, FileNotFoundError and ConnectionError.
+REPORTED_ERRORS = (ValueError, OSError, ActorFailedError, ClusterLostError)
+# The phases of a step, in order, as `run_training`'s `on_phase` sees them begin.
+WEIGHT_SYNC, GENERATE, HEAD_UPDATE, TRAIN, SAVE = "weight_sync", "generate", "head_update", "train", "save"
+STEP_PHASES = (WEIGHT_SYNC, GENERATE, HEAD_UPDATE, TRAIN, SAVE)
+OnPhase = Callable[[int, str, RunActors], None]
 
 
 def conf_dir() -> str:
@@ -131,20 +138,23 @@ class RunSummary:
     table: str | None  # the end-of-run table; None without steps
 
 
-def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors], None] | None = None) -> RunSummary:
+def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors], None] | None = None,
+                 on_phase: OnPhase | None = None) -> RunSummary:
     """Train as `cfg` says, from its latest checkpoint when `cfg.resume` allows.
 
-    `on_step_end(step, metrics, actors)` runs after each logged step (notebooks, tests).
+    `on_step_end(step, metrics, actors)` runs after each step (its metrics logged, its checkpoint
+    saved), and `on_phase(step, phase, actors)` as each of `STEP_PHASES` begins (notebooks, tests:
+    the fault tests kill an actor there).
     """
     run = Run(cfg)
     try:
         prepare(run)
-        steps = train_loop(run, on_step_end)
+        steps = train_loop(run, on_step_end, on_phase)
         return report(run, steps)
-    except ActorFailedError as exc:
+    except (ActorFailedError, ClusterLostError) as exc:
         if run.logger is None:  # failed while starting: nothing ran that a resume would continue
             raise
-        raise ActorFailedError(f"{exc}\n  {resume_advice(run.checkpoints)}") from exc
+        raise type(exc)(f"{exc}\n  {resume_advice(run.checkpoints)}") from exc
     finally:
         teardown(run)
 
@@ -181,47 +191,61 @@ def convert_checkpoints(cfg: TrainConfig) -> None:
             resolve_checkpoint(name)
 
 
-def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | None = None) -> list[dict[str, float]]:
+def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | None = None,
+               on_phase: OnPhase | None = None) -> list[dict[str, float]]:
     """Steps `run.first_step` to `total_steps - 1`; returns each step's metrics.
 
     A step: rollouts, the slow path's head update (overlapping the learner's), the learner's
-    update, a checkpoint when due, metrics. With `cluster.overlap` the next step's rollouts
-    are generated while the learner trains on this one.
+    update, metrics, then a checkpoint when due: a crash between the two leaves the step's line
+    and the checkpoint before it, and the resumed run redoes the step, replacing that line. A
+    step's record holds the saving time of the checkpoint before it. With `cluster.overlap` the
+    next step's rollouts are generated while the learner trains on this one.
     """
     cfg, actors, steps = run.cfg, run.actors, []
+
+    def phase(step: int, name: str) -> None:
+        if on_phase is not None:
+            on_phase(step, name, actors)
+
     with StepProgress(cfg.total_steps, run.first_step) as progress:
         launched = None  # the next step's rollouts, when launched early (overlap)
+        checkpoint_s = 0.0  # saving the checkpoint after the previous step
         for step in range(run.first_step, cfg.total_steps):
             started = time.perf_counter()
-            current = launched if launched is not None else start_rollouts(run, step)
+            current = launched if launched is not None else start_rollouts(run, step, phase)
             launched = None
+            phase(step, GENERATE)
             rollouts = collect_with_progress(actors, current.pending, cfg)
+            phase(step, HEAD_UPDATE)
             consolidating = actors.start_consolidation(rollouts)  # the slow path overlaps the update ...
             update_wait_s = actors.finish_consolidation(consolidating) if run.waits_for_heads else 0.0
             if cfg.cluster.overlap and step + 1 < cfg.total_steps:
-                launched = start_rollouts(run, step + 1)  # generates while the learner trains on this step
+                launched = start_rollouts(run, step + 1, phase)  # generates while the learner trains on this step
+            phase(step, TRAIN)
             trained = actors.train(rollouts)
             if not run.waits_for_heads:  # ... and the next rollout drafts with the heads it publishes
                 update_wait_s = actors.finish_consolidation(consolidating)
-            checkpoint_s = save_if_due(run, step, current.data_position)
             evaluation = evaluate_if_due(run, step)
-            # Measured after the checkpoint so that the step's record includes its saving time.
             heads = heads_metrics(actors, consolidating, update_wait_s)
             metrics = step_metrics(rollouts, trained, heads, current.weight_sync_s, checkpoint_s,
-                                   time.perf_counter() - started)
+                                   time.perf_counter() - started + checkpoint_s)
             metrics.update(evaluation)
-            run.logger.log(step, metrics)
+            run.logger.log(step, metrics)  # before the checkpoint that covers the step
             progress.update(step, metrics)
             steps.append(metrics)
+            if checkpoint_due(cfg, step):
+                phase(step, SAVE)
+            checkpoint_s = save_if_due(run, step, current.data_position)
             if on_step_end is not None:
                 on_step_end(step, metrics, actors)
     return steps
 
 
-def start_rollouts(run: Run, step: int) -> LaunchedRollouts:
+def start_rollouts(run: Run, step: int, phase: Callable[[int, str], None]) -> LaunchedRollouts:
     """Draw the step's prompts, push the latest policy, launch generation."""
     batch = next(run.stream)
     position = run.stream.state_dict()
+    phase(step, WEIGHT_SYNC)
     started = time.perf_counter()
     run.actors.sync_policy()
     return LaunchedRollouts(run.actors.start_rollouts(step, batch), time.perf_counter() - started, position)
@@ -369,7 +393,8 @@ def connect_ray(cluster: ClusterSection) -> bool:
     cpus = c.num_rollout_actors * c.cpus_per_rollout_actor + c.learner_world_size * c.cpus_per_learner
     # Ray's CPUs are bookkeeping: a laptop with fewer cores still runs the config, just slower.
     # address="local": a cluster of this run's own, even where another one runs on this machine.
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), include_dashboard=False)
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), resources=local_resources(c),
+             include_dashboard=False)
     return True
 
 

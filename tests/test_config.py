@@ -143,6 +143,8 @@ def test_experiments_override_groups_and_top_level_values():
         (["model.tokenizer=smollm2-135m-instruct"], "model.tokenizer is only for tiny-* models"),
         (["logger.mode=cloud"], "logger.mode must be one of 'offline', 'online', 'disabled'"),
         (["cluster.gpus_per_learner=1.5"], "cluster.gpus_per_learner must be a whole number"),
+        (["+cluster.rollout_resources.rollout_node=0"], "cluster.rollout_resources.rollout_node must be a finite number > 0"),
+        (["+cluster.learner_resources.GPU=1"], "cluster.learner_resources names custom resources, not 'GPU'"),
         (["learner.temperature=0.5"], "learner.temperature (0.5) must equal rollout.temperature (1.0)"),
         (["rollout.max_new_tokens=1024"], "rollout.max_new_tokens (1024) must be <= learner.max_response_len (512)"),
         (["cluster.learner_world_size=3"], "data.prompts_per_step (8) must be a multiple of cluster.learner_world_size (3)"),

@@ -28,6 +28,7 @@ from specroll.speculation import SpeculationConfig
 
 TINY_PREFIX = "tiny-"
 ROLLOUT_MODES = ("vanilla", "speculation", "fastgrpo")
+RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:
@@ -45,6 +46,14 @@ def check_number(name: str, value: Any, low: float, low_inclusive: bool = True) 
 def check_choice(name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def check_resources(name: str, resources: dict) -> None:
+    """Ray custom resources: named, positive amounts; CPUs and GPUs have fields of their own."""
+    for key, amount in resources.items():
+        if not isinstance(key, str) or not key or key in RAY_BUILTIN_RESOURCES:
+            raise ValueError(f"{name} names custom resources, not {key!r} (CPUs and GPUs have cpus_* / gpus_* fields)")
+        check_number(f"{name}.{key}", amount, 0.0, low_inclusive=False)
 
 
 def check_device(name: str, value: str) -> None:
@@ -258,6 +267,11 @@ class ClusterSection:
     # CPU actors run the cores their phase leaves free (see specroll/actors/threads.py); false: one
     # thread per reserved CPU, far faster on a machine shared with other busy processes
     phase_threads: bool = True
+    # Ray custom resources each actor of a kind asks for, {name: amount}: it is placed on a node
+    # offering them (`ray start --resources='{"rollout": 1}'`); {} places it anywhere
+    rollout_resources: dict[str, float] = field(default_factory=dict)
+    learner_resources: dict[str, float] = field(default_factory=dict)  # each learner rank's
+    consolidation_resources: dict[str, float] = field(default_factory=dict)  # the head-consolidation actor's
 
     def __post_init__(self) -> None:
         check_int("num_rollout_actors", self.num_rollout_actors, 1)
@@ -272,3 +286,5 @@ class ClusterSection:
         if self.ray_address is not None and not self.ray_address:
             raise ValueError("ray_address must be null or a non-empty address")
         check_number("remote_timeout_s", self.remote_timeout_s, 0.0, low_inclusive=False)
+        for name in ("rollout_resources", "learner_resources", "consolidation_resources"):
+            check_resources(name, getattr(self, name))

@@ -59,7 +59,7 @@ DRAFTER_LOSS = metric("speculation/drafter_loss", "FastGRPO-style drafter's trai
 # perf/*: throughput.
 GEN_TOKENS_PER_S = metric("perf/gen_tokens_per_s", "response tokens generated per second, all rollout actors together")
 TRAIN_TOKENS_PER_S = metric("perf/train_tokens_per_s", "prompt + response tokens trained on per second of update")
-STEP_TIME_S = metric("perf/step_time_s", "wall-clock seconds of the whole training step")
+STEP_TIME_S = metric("perf/step_time_s", "wall-clock seconds of the whole training step, with the checkpoint saved after the one before")
 
 # timing_s/*: seconds spent in each phase of the step, as the driver sees them.
 TIME_GEN = metric("timing_s/gen", "generating responses")
@@ -69,7 +69,7 @@ TIME_OLD_LOGPROB = metric("timing_s/old_logprob", "separate pass scoring the res
 TIME_UPDATE = metric("timing_s/update", "the learner's update (all epochs and mini-batches)")
 TIME_WEIGHT_SYNC = metric("timing_s/weight_sync", "sending new policy weights to the rollout actors")
 TIME_HEAD_SYNC = metric("timing_s/head_sync", "sending new draft-head weights to the rollout actors")
-TIME_CHECKPOINT = metric("timing_s/checkpoint", "saving a checkpoint (0 on steps without one)")
+TIME_CHECKPOINT = metric("timing_s/checkpoint", "saving the checkpoint after the previous step, whose line comes first (0 without one)")
 TIME_EVAL = metric("timing_s/eval", "evaluating the policy on the held-out problems (0 on steps without one)")
 TIME_DRAFTER_UPDATE = metric("timing_s/drafter_update",
                              "online FastGRPO-style drafter learning in the rollout actors, in the step (slowest actor)")
