@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n", type=int, help="responses sampled per problem for pass@k (eval.samples); 0: greedy only")
     p.add_argument("--k", help="comma-separated k of pass@k, each <= --n (eval.k), e.g. 1,4,8")
     p.add_argument("--json", metavar="PATH", help="write the results (metrics and each problem's) as JSON; - for stdout")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may come before and after the flags
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         p.error(f"overrides are key=value, got {bad}")
