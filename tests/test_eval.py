@@ -54,6 +54,8 @@ def test_the_guides_eval_commands_parse():
     assert len(commands) >= 4
     for argv in commands:
         parse_args(shlex.split(argv, comments=True))
+    mixed = parse_args(["runs/x", "eval.split=dev", "--limit", "2", "data.path=/d", "--n", "4"])
+    assert mixed.overrides == ["eval.split=dev", "data.path=/d"] and (mixed.limit, mixed.n) == (2, 4)
 
 
 def test_eval_settings_fail_naming_the_field(tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -48,7 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--n", type=int, help="responses sampled per problem for pass@k (eval.samples); 0: greedy only")
     p.add_argument("--k", help="comma-separated k of pass@k, each <= --n (eval.k), e.g. 1,4,8")
     p.add_argument("--json", metavar="PATH", help="write the results (metrics and each problem's) as JSON; - for stdout")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may come before and after the flags
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         p.error(f"overrides are key=value, got {bad}")
@@ -100,9 +101,13 @@ def run_eval(source: str, overrides: list[str], show_progress: bool = True) -> t
     model, tokenizer = checkpoint_model(policy, cfg.model, cfg.seed) if policy is not None else cfg.model.load(cfg.seed)
     if tokenizer is None:
         raise ValueError("model.tokenizer must be set for a tiny model: prompts are formatted and responses scored as text")
-    decoder = build_decoder(model, cfg.rollout)
-    if policy is not None and policy.heads is not None and cfg.rollout.speculates:
-        install_heads(decoder, policy.heads)
+    saved_heads = policy.heads if policy is not None and cfg.rollout.speculates else None
+    rollout = cfg.rollout
+    if saved_heads is not None:  # the checkpoint's heads replace the initial ones: none are looked for
+        rollout = replace(rollout, speculation=replace(rollout.speculation, heads_path=None))
+    decoder = build_decoder(model, rollout)
+    if saved_heads is not None:
+        install_heads(decoder, saved_heads)
     engine = RolloutEngine(model, tokenizer, decoder, sync_every=cfg.rollout.sync_every)
     with tqdm(total=len(problems), desc="held-out problems", unit="problem", disable=not show_progress or None) as bar:
         report = evaluate(engine, tokenizer, problems, cfg.data.instruction, cfg.data.reward,
