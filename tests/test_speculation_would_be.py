@@ -103,3 +103,13 @@ def test_would_be_yield_agrees_with_the_same_drafts_run_as_trees():
     assert plain.would_be_nodes == 8 and plain.would_be_passes > 1000 and trees.would_be_passes == 0
     assert trees.tokens_per_step_mean > 1.3  # the drafts carry something to agree on
     assert plain.would_be_tokens_per_step == pytest.approx(trees.tokens_per_step_mean, rel=0.03)
+
+
+def test_a_tree_with_fewer_nodes_than_asked_is_padded_with_invalid_ones():
+    trees = WouldBeTrees(nodes=5, max_depth=3, device="cpu")
+    small = DraftTree(TREE.tokens[:, :2], TREE.parents[:, :2], TREE.depths[:, :2], TREE.valid[:, :2],
+                      TREE.head_probs[:, :2], TREE.candidates[:, :2])
+    trees.start(torch.arange(1), small, RANKS[:, :2], torch.ones(1, dtype=torch.bool))
+    for token in (5, 7):
+        trees.advance(torch.arange(1), torch.tensor([[token]]), torch.ones(1, dtype=torch.long))
+    assert trees.pop_sums() == ([1.0, 2.0, 2.0, 2.0, 2.0], 1)

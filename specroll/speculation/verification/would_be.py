@@ -85,16 +85,28 @@ class WouldBeTrees:
         """Give `tree` (of nodes - 1 drafts, `ranks` from `node_ranks`) to the rows where `rows` [B]
         holds and that hold none."""
         take = rows & self.idle(row_ids)
-        ids = row_ids[take]
+        short = self.nodes - 1 - tree.num_drafts  # fewer candidates than drafts: padded with invalid nodes
+        tree = DraftTree(*(torch.nn.functional.pad(t, (0, short)) for t in
+                           (tree.tokens, tree.parents, tree.depths, tree.valid, tree.head_probs)))
+        ranks = torch.nn.functional.pad(ranks, (0, short), value=self.nodes)
         child_mass = torch.zeros(tree.tokens.shape[0], tree.num_drafts + 1, device=self.device)
         child_mass.scatter_add_(1, tree.parents, tree.head_probs.float() * tree.valid)
-        self.tokens[ids], self.parents[ids], self.valid[ids] = tree.tokens[take], tree.parents[take], tree.valid[take]
-        self.ranks[ids], self.depths[ids], self.child_mass[ids] = ranks[take], tree.depths[take], child_mass[take]
-        self.current[ids] = 0
-        self.accepted[ids] = False
-        self.mass[ids] = 0.0
-        self.emitted_by_size[ids] = 1.0  # the bonus token, whatever the tree
-        self.active[ids] = True
+
+        def put(held: torch.Tensor, new) -> None:  # rows that take a tree get `new`, without a host read
+            mask = take.view(-1, *[1] * (held.dim() - 1))
+            held[row_ids] = torch.where(mask, new, held[row_ids])
+
+        put(self.tokens, tree.tokens)
+        put(self.parents, tree.parents)
+        put(self.valid, tree.valid)
+        put(self.ranks, ranks)
+        put(self.depths, tree.depths)
+        put(self.child_mass, child_mass)
+        put(self.current, torch.zeros_like(self.current[row_ids]))
+        put(self.accepted, torch.zeros_like(self.accepted[row_ids]))
+        put(self.mass, torch.zeros_like(self.mass[row_ids]))
+        put(self.emitted_by_size, torch.ones_like(self.emitted_by_size[row_ids]))  # the bonus token, whatever the tree
+        put(self.active, torch.ones_like(take))
         self.steps_to_done = self.max_depth + 1
 
     def advance(self, row_ids: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> WouldBeDone | None:
