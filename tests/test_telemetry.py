@@ -22,6 +22,7 @@ from specroll.telemetry import (
     step_summary,
     summarize_rollout_stats,
 )
+from specroll.telemetry.rollout_stats import tree_metrics
 
 OFF = dict(backend="none", console=False)
 
