@@ -113,3 +113,13 @@ def test_a_tree_with_fewer_nodes_than_asked_is_padded_with_invalid_ones():
     for token in (5, 7):
         trees.advance(torch.arange(1), torch.tensor([[token]]), torch.ones(1, dtype=torch.long))
     assert trees.pop_sums() == ([1.0, 2.0, 2.0, 2.0, 2.0], 1)
+
+
+def test_a_first_tree_after_the_batch_was_compacted_finds_room_for_its_rows():
+    trees = WouldBeTrees(nodes=5, max_depth=3, device="cpu")
+    tree = DraftTree(*(getattr(TREE, f).expand(2, -1) for f in ("tokens", "parents", "depths", "valid", "head_probs", "candidates")))
+    rows = torch.tensor([3, 6])  # rows 0-2, 4, 5 had finished and were compacted away
+    trees.start(rows, tree, RANKS.expand(2, -1), torch.ones(2, dtype=torch.bool))
+    trees.advance(rows, torch.tensor([[6], [4]]), torch.ones(2, dtype=torch.long))
+    trees.advance(rows, torch.tensor([[3], [0]]), torch.ones(2, dtype=torch.long))
+    assert trees.pop_sums() == ([2.0, 2.0, 3.0, 3.0, 3.0], 2)

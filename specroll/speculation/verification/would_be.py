@@ -64,7 +64,7 @@ class WouldBeTrees:
         self.steps_to_done = 0
 
     def allocate(self, rows: int) -> None:
-        """Room for output row ids below `rows` (all of a call's rows are in its first step)."""
+        """Room for output row ids below `rows`."""
         drafts, depth, dev = self.nodes - 1, self.max_depth, self.device
         self.active = torch.zeros(rows, dtype=torch.bool, device=dev)
         self.tokens, self.parents, self.ranks, self.depths = torch.zeros(4, rows, drafts, dtype=torch.long, device=dev)
@@ -78,7 +78,8 @@ class WouldBeTrees:
     def idle(self, row_ids: torch.Tensor) -> torch.Tensor:
         """[B] rows holding no tree now."""
         if self.active is None:
-            self.allocate(row_ids.shape[0])
+            # One host read a call: compaction only drops rows, so no later row id is larger.
+            self.allocate(int(row_ids.max()) + 1)
         return ~self.active[row_ids]
 
     def start(self, row_ids: torch.Tensor, tree: DraftTree, ranks: torch.Tensor, rows: torch.Tensor) -> None:
