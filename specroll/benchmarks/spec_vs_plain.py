@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> dict:
         prompts = prompts_all[:num_prompts]
         plain_t, spec_t, plain_tok, spec_tok = 0.0, 0.0, 0, 0
         plain_prefill, spec_prefill = 0.0, 0.0  # kept apart for the ratio of decoding alone
-        per_step, oracle, budgets, draft_t, lookup_share = [], [], [], 0.0, []
+        per_step, oracle, budgets, draft_t, would_be_t, lookup_share = [], [], [], 0.0, 0.0, []
         max_budget = 0  # the largest node budget of any repeat's step (1: plain throughout)
         timed = []  # every timed call's stats
         pairs = []  # (plain, spec) tokens/s of each repeat
@@ -231,6 +231,7 @@ def run(args: argparse.Namespace) -> dict:
             spec_prefill += out.stats.prefill_s
             timed.append(out.stats)
             draft_t += out.stats.tree.time_draft_s
+            would_be_t += out.stats.tree.time_would_be_s
             per_step.append(out.stats.tree.tokens_per_step_mean)
             if out.stats.tree.would_be_passes:
                 would_be.append(out.stats.tree.would_be_tokens_per_step)
@@ -254,6 +255,7 @@ def run(args: argparse.Namespace) -> dict:
             # The speculative engine with would-be trees against itself without them.
             "would_be_vs_off": (sum(s for _, s in off_pairs) / sum(o for o, _ in off_pairs)) if off_pairs else None,
             "draft_share": draft_t / spec_t,  # of the speculative wall time
+            "would_be_draft_share": would_be_t / spec_t,  # the same, drafting would-be trees
             "lookup_token_share": sum(lookup_share) / len(lookup_share),  # accepted drafts proposed by context lookup
             "budget_trace": budgets,
             "max_budget": max_budget,
