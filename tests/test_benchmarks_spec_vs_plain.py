@@ -71,3 +71,13 @@ def test_speculative_responses_are_the_plain_ones_token_for_token(smollm2, tmp_p
     assert [row["setting"] for row in result["rows"]] == ["concurrency 2", "grpo 2x2"]
     for row in result["rows"]:
         assert row["same_responses"] == 1.0 and row["tokens_per_step"] > 1.0
+
+
+def test_plain_decoding_reports_what_would_be_trees_would_carry(smollm2, tmp_path):
+    """Where the budget decodes plain throughout (capacity 1), the would-be column holds the
+    shipped heads' would-be tokens per pass, and the engine without would-be trees is timed beside."""
+    result = main(["--concurrency", "2", "--grpo", "", "--max-new-tokens", "12", "--budget", "concurrency",
+                   "--capacity", "1", "--would-be-every", "1", "--would-be-off-engine"])
+    (row,) = result["rows"]
+    assert row["max_budget"] == 1 and row["tokens_per_step"] == 1.0 and row["same_responses"] == 1.0
+    assert row["would_be_tokens_per_step"] > 1.0 and row["would_be_vs_off"] > 0

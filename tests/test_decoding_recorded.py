@@ -96,6 +96,8 @@ def untimed_stats(stats: GenerationStats) -> dict:
             value = getattr(record, name)
             if name.endswith("_s") or name == "compiles" or name in ("tree", "reflex"):
                 continue
+            if name.startswith("would_be_") or name == "tree_step_cost":
+                continue  # recorded before would-be trees, which only plain steps score: none of these settings compared takes one
             out[prefix + name] = {str(k): v for k, v in sorted(value.items())} if isinstance(value, dict) else value
     return out
 

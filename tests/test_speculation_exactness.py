@@ -118,6 +118,10 @@ SETTINGS = {
     # alternate in sync-free batches.
     "t1-path-random-concurrency-gated": Setting(dict(temperature=1.0), "path-random",
                                                 dict(budget="concurrency", sync_free_trees=True), gate_probe_every=3),
+    # Plain decoding throughout (capacity 1) that scores a would-be tree at every step it can:
+    # drafting and scoring beside plain sampling leave every token as it was.
+    "t1-path-trained-plain-would-be": Setting(dict(temperature=1.0), "path-trained",
+                                              dict(budget="concurrency", capacity=1, fixed_nodes=8, would_be_every=1)),
     "t1-path-random-fixed4": Setting(dict(temperature=1.0), "path-random", dict(budget="fixed", fixed_nodes=4), n=3000),
     "t07-medusa-random-lookup-first-fixed8": Setting(dict(temperature=0.7), "medusa-random",
                                                      dict(budget="fixed", fixed_nodes=8), lookup="first",
@@ -221,6 +225,8 @@ def test_every_speculative_token_follows_the_policy(rollouts, name, record_prope
         assert tree.tokens_per_step_hist.get(1, 0) > 0.3 * tree.verify_steps  # rejections are exercised
     if setting.lookup == "first":  # trees hold context lookup chains, and some of their drafts are accepted
         assert out.stats.tree.lookup_token_share > 0.1
+    if setting.spec.get("would_be_every"):  # plain throughout, would-be trees scored
+        assert set(out.stats.tree.budget_per_step) == {1} and out.stats.tree.would_be_tokens_per_step > 1.2
     if setting.gate_probe_every is not None:  # plain steps and trees alternated
         assert 1 in out.stats.tree.budget_per_step and max(out.stats.tree.budget_per_step) > 1
 

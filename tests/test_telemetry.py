@@ -22,6 +22,7 @@ from specroll.telemetry import (
     step_summary,
     summarize_rollout_stats,
 )
+from specroll.telemetry.rollout_stats import tree_metrics
 
 OFF = dict(backend="none", console=False)
 
@@ -220,3 +221,18 @@ def test_progress_shows_the_step_and_its_summary():
     text = stream.getvalue()
     assert "5/10" in text and "reward 0.53 | 1.23e+03 tok/s | 4.2 s/step" in text
     assert "6/10" in text and "reward 0.6" in text
+
+
+def test_would_be_metrics_pool_the_actors_trees():
+    def tree(passes: int, tokens: float, cost: float | None) -> TreeStats:
+        return TreeStats(verify_steps=5, budget_per_step=[1] * 5, tokens_per_step_hist={1: 5}, tokens_per_step_mean=1.0,
+                         drafted_response_steps=0, drafted_tokens=0, acceptance_by_depth=[], lookup_token_share=0.0,
+                         time_draft_s=0.0, time_verify_s=1.0, time_bookkeeping_s=0.0, would_be_nodes=8,
+                         would_be_passes=passes, would_be_tokens=tokens, tree_step_cost=cost)
+
+    assert tree(4, 6.0, None).would_be_tokens_per_step == 1.5 and tree(0, 0.0, None).would_be_tokens_per_step is None
+    out = tree_metrics([tree(4, 6.0, 3.0), tree(12, 24.0, 2.0), tree(0, 0.0, None)])
+    assert out["speculation/would_be_tokens_per_step"] == pytest.approx(30 / 16)
+    assert out["speculation/would_be_passes"] == 16.0 and out["speculation/would_be_nodes"] == 8.0
+    assert out["speculation/tree_step_cost"] == pytest.approx((4 * 3.0 + 12 * 2.0) / 16)
+    assert "speculation/would_be_tokens_per_step" not in tree_metrics([tree(0, 0.0, None)])

@@ -42,3 +42,19 @@ def test_table_by_hand():
 def test_a_vanilla_run_has_no_speculation_lines():
     rows = dict(summary_rows(RunHistory("r", [{"step": 0, "perf/gen_tokens_per_s": 5.0, "perf/step_time_s": 2.0}])))
     assert "tokens per verify pass" not in rows and rows["generation tokens/s"] == "5.0"
+
+
+def test_plain_steps_show_what_trees_would_have_carried_and_why_plain():
+    plain = {"speculation/verify_steps": 10.0, "speculation/tokens_per_step": 1.0, "speculation/node_budget_mean": 1.0,
+             "speculation/would_be_nodes": 8.0, "perf/step_time_s": 1.0}
+    history = [dict(plain, step=0, **{"speculation/would_be_tokens_per_step": 1.5, "speculation/would_be_passes": 10.0,
+                                       "speculation/tree_step_cost": 3.0}),
+               dict(plain, step=1, **{"speculation/would_be_tokens_per_step": 2.0, "speculation/would_be_passes": 30.0,
+                                       "speculation/tree_step_cost": 2.8})]
+    rows = dict(summary_rows(RunHistory("r", history)))
+    assert rows["while decoding plain"] == ("trees would carry 1.88 tokens per verify pass (would-be, 8 nodes); "
+                                            "plain chosen: a tree step costs 2.9 plain steps on this machine")
+    without_profile = [{k: v for k, v in row.items() if k != "speculation/tree_step_cost"} for row in history]
+    assert dict(summary_rows(RunHistory("r", without_profile)))["while decoding plain"].endswith(
+        "; plain chosen by the budget policy")
+    assert "while decoding plain" not in dict(summary_rows(RunHistory("r", ROWS)))  # no would-be tree scored

@@ -8,12 +8,17 @@ spread of the repeats' ratios.
 Both engines sample the same responses for the same seed (speculation/verification/verify.py): the share that came
 out identical, token for token, is printed (`same`).
 
+Where the budget decodes plain, the speculative engine scores would-be trees (`would-be`: the
+tokens per verify pass its drafts would have carried, speculation/verification/would_be.py);
+`--would-be-off-engine` also times it with would-be trees off (`wb/off`: the ratio of the two).
+
 For every speculative run we also report the oracle bound (benchmarks/oracle.py): the tokens
 per verify step that a drafter knowing the policy's exact next-token distributions along the
 sampled responses would get with the same per-step node budgets.
 
     python -m specroll.benchmarks.spec_vs_plain [--policy smollm2-135m-instruct] [--heads shipped]
         [--concurrency 1 8 32] [--grpo 8x8] [--max-new-tokens 256] [--json out.json]
+        [--would-be-every 32] [--would-be-off-engine]
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -73,6 +79,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sync-free-trees", choices=["auto", "on", "off"], default="auto",
                     help="tree steps without host reads (speculation.sync_free_trees; auto: on GPUs only)")
     ap.add_argument("--no-context-lookup", action="store_true", help="draft with the heads only (see speculation/drafting/lookup.py)")
+    ap.add_argument("--would-be-every", type=int, default=SpeculationConfig.would_be_every,
+                    help="speculation.would_be_every: a would-be tree every this many plain steps (0: off)")
+    ap.add_argument("--would-be-off-engine", action="store_true",
+                    help="also time the speculative engine with would-be trees off (wb/off column)")
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32])
     ap.add_argument("--grpo", default="8x8", help="prompts x responses, or '' to skip")
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -103,7 +113,8 @@ def run(args: argparse.Namespace) -> dict:
     spec = SpeculationConfig(head_type=args.head_type, heads_path=heads_path, budget=args.budget,
                       fixed_nodes=min(args.fixed_nodes, args.max_nodes), max_nodes=args.max_nodes,
                       capacity=args.capacity, context_lookup=not args.no_context_lookup,
-                      sync_free_trees={"auto": None, "on": True, "off": False}[args.sync_free_trees])
+                      sync_free_trees={"auto": None, "on": True, "off": False}[args.sync_free_trees],
+                      would_be_every=args.would_be_every)
     modes = [("eager", False)] * (not args.no_eager) + [("compiled", True)] * args.compile
     settings = [(f"concurrency {c}", c, 1) for c in args.concurrency]
     if args.grpo:
@@ -113,7 +124,8 @@ def run(args: argparse.Namespace) -> dict:
     warm = SamplingParams(max_new_tokens=4, seed=args.seed)
 
     rows, capacity, warm_up_s = [], {}, {}
-    bar = tqdm(total=len(settings) * args.repeats * 2 * len(modes), desc="benchmark", unit="run")
+    runs_per_repeat = 3 if args.would_be_off_engine else 2
+    bar = tqdm(total=len(settings) * args.repeats * runs_per_repeat * len(modes), desc="benchmark", unit="run")
     # Mode by mode, each mode's engines built just before its runs: the eager rows come out
     # before the compiled engines spend minutes compiling.
     for (mode, on), (name, num_prompts, n) in ((m, s) for m in modes for s in settings):
@@ -125,6 +137,11 @@ def run(args: argparse.Namespace) -> dict:
             # The decoder compiles its steps and profiles them as it is built.
             spec_engine = RolloutEngine(model, tokenizer, SpeculativeDecoder(model, spec, compile=on))
             spec_engine.generate(prompts_all[:1], warm)
+            engines = [plain_engine, spec_engine]
+            if args.would_be_off_engine:
+                off = replace(spec, would_be_every=0)
+                engines.append(RolloutEngine(model, tokenizer, SpeculativeDecoder(model, off, compile=on)))
+                engines[-1].generate(prompts_all[:1], warm)
             warm_up_s[mode] = {"plain": plain_ready - started, "spec": time.perf_counter() - plain_ready}
             bar.write(f"{mode} engines ready: plain {warm_up_s[mode]['plain']:.0f} s, "
                       f"speculative {warm_up_s[mode]['spec']:.0f} s (built, compiled, profiled, warmed up)")
@@ -132,21 +149,25 @@ def run(args: argparse.Namespace) -> dict:
         prompts = prompts_all[:num_prompts]
         plain_t, spec_t, plain_tok, spec_tok = 0.0, 0.0, 0, 0
         plain_prefill, spec_prefill = 0.0, 0.0  # kept apart for the ratio of decoding alone
-        per_step, oracle, budgets, draft_t, lookup_share = [], [], [], 0.0, []
+        per_step, oracle, budgets, draft_t, would_be_t, lookup_share = [], [], [], 0.0, 0.0, []
         max_budget = 0  # the largest node budget of any repeat's step (1: plain throughout)
         timed = []  # every timed call's stats
         pairs = []  # (plain, spec) tokens/s of each repeat
+        would_be, off_pairs = [], []  # would-be tokens per pass; (would-be off, spec) tokens/s of each repeat
         same, responses = 0, 0  # speculative responses identical to the plain ones
         for r in range(args.repeats):
             params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=0,
                                     max_new_tokens=args.max_new_tokens, n=n, seed=args.seed + r)
             if mode == "compiled" and r == 0:  # compile the shapes of this setting before timing
-                plain_engine.generate(prompts, params)
-                spec_engine.generate(prompts, params)
-            # Every other repeat the speculative engine goes first, so that a drift in machine speed cancels.
-            order = (plain_engine, spec_engine) if r % 2 == 0 else (spec_engine, plain_engine)
+                for engine in engines:
+                    engine.generate(prompts, params)
+            # Each repeat another engine goes first, so that a drift in machine speed cancels.
+            order = engines[r % len(engines):] + engines[:r % len(engines)]
             calls = {engine: timed_generate(engine, prompts, params, device) for engine in order}
-            bar.update(2)
+            bar.update(runs_per_repeat)
+            if args.would_be_off_engine:
+                off_out, off_wall = calls[engines[-1]]
+                off_pairs.append((off_out.stats.tokens / off_wall, calls[spec_engine][0].stats.tokens / calls[spec_engine][1]))
             (plain_out, plain_wall), (out, wall) = calls[plain_engine], calls[spec_engine]
             pairs.append((plain_out.stats.tokens / plain_wall, out.stats.tokens / wall))
             same += sum(a == b for a, b in zip(plain_out.token_ids, out.token_ids))
@@ -158,7 +179,10 @@ def run(args: argparse.Namespace) -> dict:
             spec_prefill += out.stats.prefill_s
             timed.append(out.stats)
             draft_t += out.stats.tree.time_draft_s
+            would_be_t += out.stats.tree.time_would_be_s
             per_step.append(out.stats.tree.tokens_per_step_mean)
+            if out.stats.tree.would_be_passes:
+                would_be.append(out.stats.tree.would_be_tokens_per_step)
             lookup_share.append(out.stats.tree.lookup_token_share)
             budgets = out.stats.tree.budget_per_step
             max_budget = max([max_budget, *budgets])
@@ -175,7 +199,11 @@ def run(args: argparse.Namespace) -> dict:
             "same_responses": same / responses,
             "tokens_per_step": sum(per_step) / len(per_step),
             "oracle_tokens_per_step": sum(oracle) / len(oracle),
+            "would_be_tokens_per_step": sum(would_be) / len(would_be) if would_be else None,
+            # The speculative engine with would-be trees against itself without them.
+            "would_be_vs_off": (sum(s for _, s in off_pairs) / sum(o for o, _ in off_pairs)) if off_pairs else None,
             "draft_share": draft_t / spec_t,  # of the speculative wall time
+            "would_be_draft_share": would_be_t / spec_t,  # the same, drafting would-be trees
             "lookup_token_share": sum(lookup_share) / len(lookup_share),  # accepted drafts proposed by context lookup
             "budget_trace": budgets,
             "max_budget": max_budget,
@@ -195,13 +223,15 @@ def run(args: argparse.Namespace) -> dict:
           f"context lookup {'off' if args.no_context_lookup else 'on'}, prompts from {source}, device {device}, {args.dtype}, "
           f"temperature {args.temperature}, top_p {args.top_p}, sync-free trees {args.sync_free_trees}")
     print(f"{'setting':>16} {'step':>8} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'± s.e.':>6} {'decode':>6} "
-          f"{'tok/step':>8} {'oracle':>7} {'drafting':>8} {'lookup':>6} {'same':>5}  budget trace")
+          f"{'tok/step':>8} {'would-be':>8} {'wb/off':>6} {'oracle':>7} {'drafting':>8} {'lookup':>6} {'same':>5}  budget trace")
     for row in rows:
         trace = row["budget_trace"]
         summary = f"{min(trace)}..{max(trace)} (mean {sum(trace) / len(trace):.1f})" if trace else "-"
         se = "-" if row["speedup_se"] is None else f"{row['speedup_se']:.3f}"
+        would_be = "-" if row["would_be_tokens_per_step"] is None else f"{row['would_be_tokens_per_step']:.2f}"
+        vs_off = "-" if row["would_be_vs_off"] is None else f"{row['would_be_vs_off']:.3f}"
         print(f"{row['setting']:>16} {row['step']:>8} {row['plain_tokens_per_s']:11.1f} {row['spec_tokens_per_s']:10.1f} "
-              f"{row['speedup']:6.2f} {se:>6} {row['decode_speedup']:6.2f} {row['tokens_per_step']:8.2f} "
+              f"{row['speedup']:6.2f} {se:>6} {row['decode_speedup']:6.2f} {row['tokens_per_step']:8.2f} {would_be:>8} {vs_off:>6} "
               f"{row['oracle_tokens_per_step']:7.2f} {row['draft_share']:8.1%} {row['lookup_token_share']:6.0%} "
               f"{row['same_responses']:5.0%}  "
               f"{summary}")

@@ -49,6 +49,17 @@ class TreeStats:
     time_bookkeeping_s: float  # learning from each pass (calibration, counts, Reflex, head records)
     time_records_s: float = 0.0  # of the bookkeeping, collecting the slow path's head records
     reflex: ReflexStats | None = None  # None: Reflex off
+    # Would-be trees scored while decoding plain (speculation/verification/would_be.py).
+    would_be_nodes: int = 0  # their nodes per response (root included); 0: none scored
+    would_be_passes: int = 0  # trees scored to the end
+    would_be_tokens: float = 0.0  # tokens those would have emitted, one verify pass each
+    time_would_be_s: float = 0.0  # drafting and starting them
+    tree_step_cost: float | None = None  # a tree step of would_be_nodes, in plain steps, by the profile (None: none)
+
+    @property
+    def would_be_tokens_per_step(self) -> float | None:
+        """Tokens a would-be tree would have emitted per verify pass; None where none was scored."""
+        return self.would_be_tokens / self.would_be_passes if self.would_be_passes else None
 
 
 @dataclass

@@ -26,7 +26,11 @@ class SpeculationConfig:
     heads_path: str | None = "shipped"
     # Node budget policy: auto (concurrency on GPUs, cost_model on CPUs) | fixed | concurrency | cost_model.
     budget: str = "auto"
-    fixed_nodes: int = 8  # nodes per response (root included) for budget=fixed
+    fixed_nodes: int = 8  # nodes per response (root included) for budget=fixed, and of would-be trees
+    # Where the budget decodes plain, draft a would-be tree (fixed_nodes nodes) every this many plain
+    # steps for the rows whose last one is scored, and score it against the tokens plain sampling
+    # emits (speculation/verification/would_be.py); a probe's drafts are scored for free. 0 = off.
+    would_be_every: int = 32
     min_nodes: int = 1  # N_min; 1 = plain decoding when speculation does not fit
     max_nodes: int = 16  # N_max nodes per response, root included
     # cost_model and the tree gate (concurrency with sync-free trees, speculation/budgets/tree_gate.py): a tree
@@ -68,6 +72,8 @@ class SpeculationConfig:
             raise ValueError(f"speculation.max_nodes ({self.max_nodes}) must be >= speculation.min_nodes ({self.min_nodes})")
         if not self.min_nodes <= self.fixed_nodes <= self.max_nodes:
             raise ValueError(f"speculation.fixed_nodes must be within [min_nodes, max_nodes], got {self.fixed_nodes}")
+        if self.would_be_every < 0:
+            raise ValueError(f"speculation.would_be_every must be >= 0 (0 = off), got {self.would_be_every}")
         if self.capacity is not None and self.capacity < 1:
             raise ValueError(f"speculation.capacity must be >= 1 or null, got {self.capacity}")
         if self.max_frontier < 1:
@@ -86,6 +92,11 @@ class SpeculationConfig:
             raise ValueError(f"speculation.record_nodes must be one of {RECORD_NODES}, got {self.record_nodes!r}")
         if not 0 <= self.calibration_momentum < 1:
             raise ValueError(f"speculation.calibration_momentum must be in [0, 1), got {self.calibration_momentum}")
+
+    @property
+    def scores_would_be(self) -> bool:
+        """Whether plain steps score would-be trees (only budgets that may decode plain do)."""
+        return self.would_be_every > 0 and self.fixed_nodes > 1 and self.budget != "fixed"
 
     @property
     def uses_reflex(self) -> bool:

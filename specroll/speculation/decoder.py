@@ -4,7 +4,8 @@ Plugs into `RolloutEngine` like the plain decoder (`rollout.decoder.Decoder`): i
 last sampled token (the root) plus its draft tree, and returns the accepted tokens and the bonus
 token. A step drafts (`drafted_tree`), verifies (`verify_pass`, or the plain step where no tree
 pays) and learns from the verdict (`learn_from_pass`); where trees run without host reads, one
-fixed-shape sync-free tree step does all three (`verification.sync_free_step`).
+fixed-shape sync-free tree step does all three (`verification.sync_free_step`). Where the budget
+decodes plain, would-be trees are scored against the emitted tokens (`verification.would_be`).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from .verification.sync_free_step import (
 )
 from .verification.tree_step import calibrated, padded_tree_inputs
 from .verification.verify import Verdict, verify_tree
+from .verification.would_be import WouldBeTrees, node_ranks
 from .warmup import compile_steps, decoder_profile
 
 
@@ -94,6 +96,8 @@ class SpeculativeDecoder:
         self.gate: TreeGate | None = None  # set once the profile is known
         self.cost_model: CostModel | None = None  # the same
         self.reflex = Reflex(cfg.reflex, model.config.hidden_size) if cfg.uses_reflex else None
+        self.would_be: WouldBeTrees | None = None  # set with the heads (trees as deep as they draft)
+        self.plain_steps_since_would_be = 0
         self.set_heads(heads if heads is not None else initial_heads(model, cfg))
         self.budget = resolve_budget(cfg.budget, device.type)
         self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout,
@@ -135,7 +139,8 @@ class SpeculativeDecoder:
 
     def start_running_estimates(self) -> None:
         """The heads' calibration, the cost model's and the lookup's estimates at their priors."""
-        device, heads = next(self.model.parameters()).device, self.heads
+        device, heads, cfg = next(self.model.parameters()).device, self.heads, self.cfg
+        self.would_be = WouldBeTrees(cfg.fixed_nodes, heads.num_heads, device) if cfg.scores_would_be else None
         # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
         self.observed = torch.ones(heads.num_heads, device=device)
         self.predicted = torch.ones(heads.num_heads, device=device)
@@ -149,6 +154,8 @@ class SpeculativeDecoder:
     def reset_stats(self) -> None:
         self.pass_counts = PassCounts(self.cfg.max_nodes, self.heads.num_heads, next(self.model.parameters()).device)
         self.step_log = StepLog()
+        if self.would_be is not None:
+            self.would_be.reset()  # the next call's rows are other rows
         if self.reflex is not None:
             self.reflex.reset_stats()
 
@@ -158,6 +165,9 @@ class SpeculativeDecoder:
             self.gate.read()  # the call's last trees, read with its counts
         steps = self.step_log.verify_steps
         reflex = None if self.reflex is None else self.reflex.pop_stats(totals.tokens_per_step_mean, steps)
+        if self.would_be is not None:
+            by_size, self.step_log.would_be_passes = self.would_be.pop_sums()
+            self.step_log.would_be_tokens, self.step_log.would_be_nodes = by_size[-1], self.would_be.nodes
         out = DecoderStats(self.compile_stats(), tree_stats(self.step_log, totals, reflex))
         self.reset_stats()
         return out
@@ -204,7 +214,7 @@ class SpeculativeDecoder:
         plain step), then learn from the verdict. Where trees run without host reads, one
         sync-free tree step instead."""
         if self.sync_free is not None and (budget := self.node_budget(state.live_rows)) > 1:
-            return self.sync_free_tree_step(state, budget)
+            return self.scored_would_be(state, self.sync_free_tree_step(state, budget))
         t0 = time.perf_counter()
         batch = state.last_tokens.shape[0]  # finished rows included before a sync-free step
         drafted = self.drafted_tree(state)
@@ -221,7 +231,7 @@ class SpeculativeDecoder:
         self.step_log.time_bookkeeping_s += ended - t2
         if self.cost_model is not None:
             self.cost_model.note_pass(batch, drafted.budget, ended - t1)
-        return StepResult(verdict.tokens, verdict.logprobs, verdict.counts)
+        return self.scored_would_be(state, StepResult(verdict.tokens, verdict.logprobs, verdict.counts))
 
     def drafted_tree(self, state: DecodeState) -> DraftedTree:
         """This step's drafts and the tree it verifies, sized by the node budget (1: a plain step)."""
@@ -236,6 +246,8 @@ class SpeculativeDecoder:
             self.pass_counts.add_plain(state.live)  # finished rows emit nothing
             if self.gate is not None:
                 self.gate.note_plain()
+            if self.would_be is not None:  # drafts as deep as a would-be tree's serve as one
+                self.start_would_be(state, cands if drafts >= self.cfg.fixed_nodes - 1 else None)
         tree = select_tree(cands, budget - 1) if budget > 1 else None
         return DraftedTree(budget, cands, lookup, tree, state.last_tokens, state.last_hidden)
 
@@ -251,6 +263,45 @@ class SpeculativeDecoder:
         history = state.history
         lookup = lookup_drafts(history.tokens, history.lengths, self.cfg.lookup_ngram, min(self.heads.num_heads, max_drafts))
         return add_lookup_candidates(cands, lookup, self.lookup_acceptance.step_logp(lookup)), lookup
+
+    def start_would_be(self, state: DecodeState, cands: Candidates | None) -> None:
+        """Before a plain step: a would-be tree of `fixed_nodes` nodes for the live rows that hold
+        none, from `cands` (this step's drafts), else drafted here every `would_be_every` plain
+        steps; what the finished ones carried teaches the cost model (a host read: this step drafts)."""
+        self.plain_steps_since_would_be += 1
+        if cands is None and self.plain_steps_since_would_be < self.cfg.would_be_every:
+            return
+        started = time.perf_counter()
+        drafts = self.cfg.fixed_nodes - 1
+        if cands is None:
+            cands, _ = self.draft(state, drafts)
+        tree = select_tree(cands, drafts)
+        self.would_be.start(state.row_ids, tree, node_ranks(cands, tree), state.live)
+        self.plain_steps_since_would_be = 0
+        if self.profile is not None:
+            self.step_log.note_tree_step_cost(self.tree_step_cost(state.live_rows))
+        if self.cost_model is not None and (realised := self.would_be.pop_fresh()) is not None:
+            self.cost_model.note_would_be(realised)
+        self.step_log.time_would_be_s += time.perf_counter() - started
+
+    def tree_step_cost(self, batch: int) -> float:
+        """What a step of `batch` rows with `fixed_nodes`-node trees costs, in plain steps, by the
+        profile (and the cost model's drafting time, where it measures it)."""
+        nodes = self.cfg.fixed_nodes
+        drafting = self.cost_model.drafting_s()[nodes - 1] if self.cost_model is not None else 0.0
+        return (self.profile.latency(batch, nodes) + drafting) / self.profile.latency(batch, 1)
+
+    def scored_would_be(self, state: DecodeState, step: StepResult) -> StepResult:
+        """Walk the rows' would-be trees along what `step` emitted; the finished ones calibrate the
+        heads' probabilities as a verified tree's verdict would."""
+        if self.would_be is not None:
+            done = self.would_be.advance(state.row_ids, step.tokens, step.counts * state.live)
+            if done is None:
+                return step
+            with torch.inference_mode(False):  # the decoder's own estimates outlive the generate call
+                self.observed, self.predicted = (t.clone() for t in calibrated(
+                    self.observed, self.predicted, done, done.done, self.cfg.calibration_momentum))
+        return step
 
     def verify_pass(self, state: DecodeState, tree: DraftTree, budget: int):
         """One forward over every row's root and tree, the exact acceptance rule, and the

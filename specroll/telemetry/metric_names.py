@@ -44,6 +44,12 @@ NODE_BUDGET_MEAN = metric("speculation/node_budget_mean", "mean tree nodes per r
 ACTIVE_ROWS_MEAN = metric("speculation/active_rows_mean", "mean unfinished responses per decode step of an actor (both modes)")
 VERIFY_STEPS = metric("speculation/verify_steps", "verify passes, summed over rollout actors")
 LOOKUP_TOKEN_SHARE = metric("speculation/lookup_token_share", "share of accepted drafts that context lookup proposed (some also by the heads)")
+WOULD_BE_TOKENS_PER_STEP = metric("speculation/would_be_tokens_per_step",
+                                  "tokens per verify pass that would-be trees, scored while decoding plain, would have emitted")
+WOULD_BE_PASSES = metric("speculation/would_be_passes", "would-be trees scored to the end, summed over rollout actors")
+WOULD_BE_NODES = metric("speculation/would_be_nodes", "nodes per response (root included) of the would-be trees")
+TREE_STEP_COST = metric("speculation/tree_step_cost",
+                        "what a step with would-be-sized trees costs, in plain steps, by the hardware profile")
 DRAFT_TIME_FRAC = metric("speculation/draft_time_frac", "share of speculative step time spent drafting trees")
 HEAD_VERSION = metric("speculation/head_version", "version of the draft heads the rollout actors used")
 REFLEX_ON_FRAC = metric("speculation/reflex_on_frac", "share of verify passes whose drafts carried a Reflex correction")

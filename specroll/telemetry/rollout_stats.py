@@ -66,12 +66,29 @@ def tree_metrics(trees: Sequence[TreeStats]) -> dict[str, float]:
             out[m.acceptance_depth(d + 1)] = sum(r * w for r, w in rates) / max(sum(w for _, w in rates), 1)
     if sum(weights):
         out[m.LOOKUP_TOKEN_SHARE] = sum(t.lookup_token_share * w for t, w in zip(trees, weights)) / sum(weights)
+    out.update(would_be_metrics(trees))
     spent = sum(t.time_draft_s + t.time_verify_s + t.time_bookkeeping_s for t in trees)
     if spent > 0:
         out[m.DRAFT_TIME_FRAC] = sum(t.time_draft_s for t in trees) / spent
     with_reflex = [t for t in trees if t.reflex is not None]
     if with_reflex:
         out.update(reflex_metrics([t.reflex for t in with_reflex], [t.verify_steps for t in with_reflex], spent))
+    return out
+
+
+def would_be_metrics(trees: Sequence[TreeStats]) -> dict[str, float]:
+    """`speculation/would_be_*` and the tree step's cost of the engines that scored would-be trees
+    (empty where none did): tokens per pass over all their trees, the cost weighted by them."""
+    scored = [t for t in trees if t.would_be_passes]
+    if not scored:
+        return {}
+    passes = sum(t.would_be_passes for t in scored)
+    out = {m.WOULD_BE_TOKENS_PER_STEP: sum(t.would_be_tokens for t in scored) / passes,
+           m.WOULD_BE_PASSES: float(passes), m.WOULD_BE_NODES: float(max(t.would_be_nodes for t in scored))}
+    costed = [t for t in scored if t.tree_step_cost is not None]
+    if costed:
+        out[m.TREE_STEP_COST] = (sum(t.tree_step_cost * t.would_be_passes for t in costed)
+                                 / sum(t.would_be_passes for t in costed))
     return out
 
 

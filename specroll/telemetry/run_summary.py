@@ -51,6 +51,19 @@ def time_shares(run: RunHistory) -> dict[str, float]:
     return shares
 
 
+def would_be_line(run: RunHistory) -> str | None:
+    """What trees would have carried where the budget decoded plain, and what made it choose plain
+    (None: no would-be tree was scored)."""
+    carried = weighted_mean(run, m.WOULD_BE_TOKENS_PER_STEP, m.WOULD_BE_PASSES)
+    if carried is None:
+        return None
+    nodes = max(run.series(m.WOULD_BE_NODES)[1], default=0)
+    cost = weighted_mean(run, m.TREE_STEP_COST, m.WOULD_BE_PASSES)
+    why = ("plain chosen by the budget policy" if cost is None
+           else f"plain chosen: a tree step costs {cost:.1f} plain steps on this machine")
+    return f"trees would carry {carried:.2f} tokens per verify pass (would-be, {nodes:.0f} nodes); {why}"
+
+
 def summary_rows(run: RunHistory) -> list[tuple[str, str]]:
     """(what, value) lines of the end-of-run table."""
     def fmt(value: float | None, spec: str = ".2f") -> str:
@@ -63,6 +76,8 @@ def summary_rows(run: RunHistory) -> list[tuple[str, str]]:
         rows.append(("tokens per verify pass", f"{fmt(drafted)} where a tree was drafted, {fmt(overall)} overall"))
         rows.append(("acceptance by depth", " ".join(fmt(a) for a in acceptance_by_depth(run)) or "-"))
         rows.append(("mean tree nodes per response", fmt(mean(run.series(m.NODE_BUDGET_MEAN)[1]), ".1f")))
+        if (line := would_be_line(run)) is not None:
+            rows.append(("while decoding plain", line))
     rows.append(("generation tokens/s", fmt(mean(run.series(m.GEN_TOKENS_PER_S)[1]), ".1f")))
     for name, what in ((m.REWARD_MEAN, "reward mean"), (m.ACCURACY, "accuracy")):
         values = run.series(name)[1]

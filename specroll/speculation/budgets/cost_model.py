@@ -7,7 +7,8 @@ pays): every DRAFT_PROBE_EVERY steps where the heads' typical acceptance (a slow
 pay at this batch size, so a passing dip stops speculation only briefly; elsewhere every
 RARE_PROBE_EVERY, since a full draft costs a good share of a large batch's step. The plan is the
 largest tree whose estimated rate is within PLAN_SLACK of the best: nearby sizes estimate close to
-each other, and planning the best one picked small trees that emitted less.
+each other, and planning the best one picked small trees that emitted less. While it decodes
+plain, what would-be trees realised (`note_would_be`) moves the expected tokens too.
 """
 from __future__ import annotations
 
@@ -134,6 +135,16 @@ class CostModel:
             self.expected_per_row = blend(self.expected_per_row, expected, m)
             self.typical_per_row = blend(self.typical_per_row, expected, TYPICAL_MOMENTUM)
         self.steps_since_full_draft = 0 if drafts == self.max_nodes - 1 else self.steps_since_full_draft + 1
+
+    def note_would_be(self, realised: torch.Tensor) -> None:
+        """Blend in the mean tokens per row that would-be trees of 1..K nodes realised while plain
+        (`verification.would_be`): outcomes, where drafts give expectations, of the same quantity."""
+        if self.expected_per_row is None:  # larger trees: as the largest realised, until drafted
+            flat = torch.cat((realised, realised[-1:].expand(max(self.max_nodes - len(realised), 0))))
+            self.expected_per_row, self.typical_per_row = flat, flat
+            return
+        self.expected_per_row = blend(self.expected_per_row, realised, COST_MODEL_MOMENTUM)
+        self.typical_per_row = blend(self.typical_per_row, realised, TYPICAL_MOMENTUM)
 
 
 def blend(average: torch.Tensor, observed: torch.Tensor, momentum: float) -> torch.Tensor:

@@ -19,10 +19,20 @@ class StepLog:
     time_verify_s: float = 0.0  # the verify forward and the acceptance rule
     time_bookkeeping_s: float = 0.0  # learning from each pass
     time_records_s: float = 0.0  # of the bookkeeping, collecting head records
+    time_would_be_s: float = 0.0  # drafting and starting would-be trees before plain steps
+    would_be_nodes: int = 0  # nodes (root included) of the would-be trees; 0: none scored
+    would_be_passes: int = 0  # would-be trees scored to the end
+    would_be_tokens: float = 0.0  # tokens they would have emitted
+    tree_step_cost_sum: float = 0.0  # a would-be-sized tree step's cost in plain steps, summed over would-be drafts
+    tree_step_cost_count: int = 0
 
     @property
     def verify_steps(self) -> int:
         return len(self.budget_per_step)
+
+    def note_tree_step_cost(self, plain_steps: float) -> None:
+        self.tree_step_cost_sum += plain_steps
+        self.tree_step_cost_count += 1
 
 
 def tree_stats(log: StepLog, totals: PassTotals, reflex: ReflexStats | None = None) -> TreeStats:
@@ -32,4 +42,8 @@ def tree_stats(log: StepLog, totals: PassTotals, reflex: ReflexStats | None = No
                      drafted_response_steps=totals.drafted_response_steps, drafted_tokens=totals.drafted_tokens,
                      acceptance_by_depth=totals.acceptance_by_depth, lookup_token_share=totals.lookup_token_share,
                      time_draft_s=log.time_draft_s, time_verify_s=log.time_verify_s,
-                     time_bookkeeping_s=log.time_bookkeeping_s, time_records_s=log.time_records_s, reflex=reflex)
+                     time_bookkeeping_s=log.time_bookkeeping_s, time_records_s=log.time_records_s, reflex=reflex,
+                     would_be_nodes=log.would_be_nodes, would_be_passes=log.would_be_passes,
+                     would_be_tokens=log.would_be_tokens, time_would_be_s=log.time_would_be_s,
+                     tree_step_cost=(log.tree_step_cost_sum / log.tree_step_cost_count
+                                     if log.tree_step_cost_count else None))
