@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,8 @@ class SuffixStore:
             if not places:
                 continue
             # The latest texts' occurrences first: ties go to the most recent text.
-            found = [(held.texts[tid], end) for tid in reversed(places) if tid != exclude
-                     for end in reversed(places[tid]) if end < len(held.texts[tid])][: self.max_matches]
+            found = list(islice(((held.texts[tid], end) for tid in reversed(places) if tid != exclude
+                                 for end in reversed(places[tid]) if end < len(held.texts[tid])), self.max_matches))
             if found:
                 return continuation(found, depth, n)
         return None
