@@ -74,7 +74,9 @@ def add_lookup_candidates(cands: Candidates, lookup: LookupDrafts, step_logp: to
         token, usable = lookup.tokens[:, d], lookup.valid[:, d]
         chain_score = chain_score + step_logp[:, d]
         if num_cands:
-            shared = (cands.parents == node[:, None]) & (cands.tokens == token[:, None]) & (on_heads & usable)[:, None]
+            # Only a usable candidate is shared: an earlier chain's unusable nodes sit at no true depth.
+            shared = ((cands.parents == node[:, None]) & (cands.tokens == token[:, None]) & torch.isfinite(scores)
+                      & (on_heads & usable)[:, None])
             is_shared = shared.any(dim=1)
             at = shared.int().argmax(dim=1, keepdim=True)
             heads_score = scores.gather(1, at)[:, 0]
