@@ -125,6 +125,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sync-free-trees", choices=["auto", "on", "off"], default="auto",
                     help="tree steps without host reads (speculation.sync_free_trees; auto: on GPUs only)")
     ap.add_argument("--no-context-lookup", action="store_true", help="draft with the heads only (see speculation/drafting/lookup.py)")
+    ap.add_argument("--no-head-drafts", action="store_true", help="draft the lookups' chains only (the root still verifies)")
+    ap.add_argument("--sibling-lookup", action="store_true", help="also draft from the group siblings' text so far")
+    ap.add_argument("--history-lookup", action="store_true",
+                    help="also draft from earlier responses to the prompt: each repeat's responses are kept for the next")
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32])
     ap.add_argument("--grpo", default="8x8", help="prompts x responses, or '' to skip")
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -155,6 +159,8 @@ def run(args: argparse.Namespace) -> dict:
     spec = SpeculationConfig(head_type=args.head_type, heads_path=heads_path, budget=args.budget,
                       fixed_nodes=min(args.fixed_nodes, args.max_nodes), max_nodes=args.max_nodes,
                       capacity=args.capacity, context_lookup=not args.no_context_lookup,
+                      head_drafts=not args.no_head_drafts, sibling_lookup=args.sibling_lookup,
+                      history_lookup=args.history_lookup,
                       sync_free_trees={"auto": None, "on": True, "off": False}[args.sync_free_trees])
     modes = [("eager", False)] * (not args.no_eager) + [("compiled", True)] * args.compile
     settings = [(f"concurrency {c}", c, 1) for c in args.concurrency]
@@ -200,6 +206,7 @@ def run(args: argparse.Namespace) -> dict:
             calls = {engine: timed_generate(engine, prompts, params, device) for engine in order}
             bar.update(2)
             (plain_out, plain_wall), (out, wall) = calls[plain_engine], calls[spec_engine]
+            spec_engine.decoder.remember_responses(prompts, out.token_ids, n)  # history lookup's, for the next repeat
             pairs.append((plain_out.stats.tokens / plain_wall, out.stats.tokens / wall))
             same += sum(a == b for a, b in zip(plain_out.token_ids, out.token_ids))
             responses += len(out.token_ids)
@@ -226,6 +233,7 @@ def run(args: argparse.Namespace) -> dict:
             "decode_speedup": (spec_tok / (spec_t - spec_prefill)) / (plain_tok / (plain_t - plain_prefill)),
             "same_responses": same / responses,
             "tokens_per_step": sum(per_step) / len(per_step),
+            "tokens_per_step_by_repeat": per_step,
             "oracle_tokens_per_step": sum(oracle) / len(oracle),
             "draft_share": draft_t / spec_t,  # of the speculative wall time
             "lookup_token_share": sum(lookup_share) / len(lookup_share),  # accepted drafts proposed by context lookup
@@ -244,7 +252,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.budget == "concurrency":
         budget += " (C_hw " + ", ".join(f"{c} {mode}" for mode, c in capacity.items()) + ")"
     print(f"\npolicy {args.policy}, heads {heads_path or 'untrained ' + args.head_type}, budget {budget}, "
-          f"context lookup {'off' if args.no_context_lookup else 'on'}, prompts from {source}, device {device}, {args.dtype}, "
+          f"context lookup {'off' if args.no_context_lookup else 'on'}, "
+          f"sibling lookup {'on' if args.sibling_lookup else 'off'}, history lookup {'on' if args.history_lookup else 'off'}, "
+          f"head drafts {'off' if args.no_head_drafts else 'on'}, prompts from {source}, device {device}, {args.dtype}, "
           f"temperature {args.temperature}, top_p {args.top_p}, sync-free trees {args.sync_free_trees}")
     print(f"{'setting':>16} {'step':>8} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'± s.e.':>6} {'decode':>6} "
           f"{'tok/step':>8} {'oracle':>7} {'drafting':>8} {'lookup':>6} {'same':>5}  budget trace")
