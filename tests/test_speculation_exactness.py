@@ -124,7 +124,7 @@ SETTINGS = {
     "t1-path-random-fixed8-siblings-history": Setting(dict(temperature=1.0), "path-random",
                                                       dict(budget="fixed", fixed_nodes=8, sibling_lookup=True,
                                                            history_lookup=True), n=1000, history_calls=1,
-                                                      min_deep_share=0.1),
+                                                      min_deep_share=0.05),
     # Sibling and history chains alone (no head drafts, no context lookup), at every depth.
     "t07-topp09-lookups-only-fixed16-siblings-history": Setting(dict(temperature=0.7, top_p=0.9), "path-trained",
                                                                 dict(budget="fixed", fixed_nodes=16, head_drafts=False,
