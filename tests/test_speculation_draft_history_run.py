@@ -6,7 +6,9 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from specroll.actors import RolloutActor
 from specroll.configs import load_train_config
+from specroll.data import load_problems
 from specroll.learner.checkpoint import DRAFT_HISTORY_FILE
 from specroll.train import run_training
 
@@ -18,6 +20,24 @@ def config(tmp_path, overrides):
         return load_train_config(compose("config", overrides=[
             "experiment=smoke", "rollout.speculation.history_lookup=true", "rollout.speculation.sibling_lookup=true",
             "cluster.num_rollout_actors=2", f"run_dir={tmp_path / 'run'}", "logger.console=false", *overrides]))
+
+
+def test_a_rollout_actor_keeps_its_responses_and_takes_them_back_from_a_file(tmp_path):
+    """In-process (no Ray): what a checkpoint holds of one actor's history restores another actor."""
+    torch.set_num_threads(1)
+    cfg = config(tmp_path, [])
+    actor = RolloutActor(cfg, index=0)
+    problems = load_problems("synthetic", synthetic=cfg.data.synthetic)[:2]
+    out = actor.generate(0, None, list(enumerate(problems)))
+    state = actor.draft_history_state()
+    texts = [tokens for _, _, tokens in state["texts"]]
+    assert len(texts) == 4 and [t[3:] for t in texts] == out.response_ids  # prompt tail, then the response
+    torch.save([state], tmp_path / "draft_history.pt")
+    fresh = RolloutActor(cfg, index=1)
+    fresh.load_draft_history_state(torch.load(tmp_path / "draft_history.pt", weights_only=True)[0])
+    assert fresh.draft_history_state() == state
+    fresh.generate(1, None, list(enumerate(problems)))  # the same prompts again: their history grows
+    assert fresh.draft_history_state()["texts"][:4] == state["texts"] and fresh.draft_history_state()["next_text"] == 8
 
 
 def test_each_rollout_actor_resumes_its_draft_history(ray_cluster, tmp_path):
