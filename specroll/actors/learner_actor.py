@@ -21,6 +21,7 @@ from specroll.learner.checkpoint import ResumeState
 from specroll.learner.grpo_learner import free_port
 from specroll.models import resolve_dtype
 from specroll.models.flat_weights import FlatWeights
+from specroll.run_dir import SeesRunDir
 from specroll.speculation.drafting.heads_state import HeadsState
 
 from .batch import Rollouts
@@ -58,7 +59,7 @@ class VersionedWeights(NamedTuple):
     weights: FlatWeights | None  # in the rollout replicas' dtype on rank 0; None on the other ranks
 
 
-class LearnerActor:
+class LearnerActor(SeesRunDir):
     """One learner rank. `setup` joins the process group and builds the `GRPOLearner`."""
 
     def __init__(self, cfg: TrainConfig, rank: int, world_size: int) -> None:

@@ -19,10 +19,12 @@ import torch
 from specroll.configs import TrainConfig, validate_against_model
 from specroll.data import Problem, format_prompt, score_responses
 from specroll.decoders import build_decoder
+from specroll.eval.evaluation import EvalPlan, ProblemEval, evaluate_problems
 from specroll.fastgrpo.online import OnlineDrafterLearner
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
 from specroll.models.flat_weights import FlatWeights
 from specroll.rollout import GenerationStats, RolloutEngine
+from specroll.run_dir import SeesRunDir
 from specroll.speculation import HorizonHeads
 from specroll.speculation.drafting.heads_state import HeadsState
 
@@ -40,7 +42,7 @@ class ReplicaVersions:
     heads: int | None  # its draft heads' version; None without horizon heads
 
 
-class RolloutActor:
+class RolloutActor(SeesRunDir):
     """Generates and scores its shard of each step's prompts.
 
     Args:
@@ -53,7 +55,7 @@ class RolloutActor:
         use_cpus(cfg.cluster.cpus_per_rollout_actor)
         self.cfg, self.index, self.consolidation = cfg, index, consolidation
         model, tokenizer = replace(cfg.model, device=actor_device(cfg.model.device)).load(seed=cfg.seed)
-        validate_against_model(cfg, model.config)
+        validate_against_model(cfg, model.config.max_position_embeddings)
         if tokenizer is None:
             raise ValueError("model.tokenizer must be set: prompts are formatted and responses scored as text")
         self.model, self.tokenizer = model, tokenizer
@@ -180,6 +182,13 @@ class RolloutActor:
             gen_s=generated - started,
             reward_s=scored - generated,
         )
+
+    def evaluate(self, problems: list[tuple[int, Problem]], plan: EvalPlan) -> list[ProblemEval]:
+        """One batch of held-out problems (each with its index in the held-out set), answered by the
+        policy this replica holds; nothing of it reaches the heads or the step's telemetry."""
+        use_threads(self.threads)
+        return evaluate_problems(self.engine, self.tokenizer, problems, self.cfg.data.instruction,
+                                 self.cfg.data.reward, plan)
 
     @torch.inference_mode()
     def response_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:

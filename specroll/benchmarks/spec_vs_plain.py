@@ -8,10 +8,9 @@ spread of the repeats' ratios.
 Both engines sample the same responses for the same seed (speculation/verification/verify.py): the share that came
 out identical, token for token, is printed (`same`).
 
-For every speculative run we also report the oracle bound: the tokens per verify step that
-a drafter knowing the policy's exact next-token distributions along the sampled responses
-would get with the same per-step node budgets (best-N tree from those distributions, with
-siblings off the sampled path treated as leaves since their own children are unknown).
+For every speculative run we also report the oracle bound (benchmarks/oracle.py): the tokens
+per verify step that a drafter knowing the policy's exact next-token distributions along the
+sampled responses would get with the same per-step node budgets.
 
     python -m specroll.benchmarks.spec_vs_plain [--policy smollm2-135m-instruct] [--heads shipped]
         [--concurrency 1 8 32] [--grpo 8x8] [--max-new-tokens 256] [--json out.json]
@@ -30,60 +29,9 @@ from tqdm.auto import tqdm
 from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 
 from ..models import load_causal_lm, synchronize
-from ..rollout import RolloutEngine, SamplingParams, sampling_logprobs
+from ..rollout import RolloutEngine, SamplingParams
 from .engine_vs_hf import DEFAULT_GSM8K, load_prompts
-
-ORACLE_TOP = 64  # sibling candidates considered per position
-
-
-@torch.inference_mode()
-def oracle_tokens_per_step(model, prompts, out, params: SamplingParams, budgets: list[int], max_depth: int) -> float:
-    """Tokens per verify step of a perfect drafter under the run's per-step budgets."""
-    emitted, steps = 0, 0
-    for row, response in enumerate(out.token_ids):
-        prompt = prompts[row // params.n]
-        if len(response) < 2:
-            continue
-        ids = torch.tensor([prompt + response], device=next(model.parameters()).device)
-        logp = sampling_logprobs(model(ids).logits[0, len(prompt) - 1 : -1], params).float()  # P_j for r_j
-        # On the CPU: the walk below reads single elements thousands of times (a sync each on a GPU).
-        realised = logp.gather(1, torch.tensor(response, device=logp.device)[:, None]).squeeze(1).exp().cpu()
-        top = logp.topk(ORACLE_TOP, dim=1).values.exp().cpu()
-        i, step = 0, 0  # root = r_i (already emitted); the tree predicts r_{i+1} ...
-        while i < len(response) - 1:
-            n = budgets[min(step, len(budgets) - 1)]
-            accepted = oracle_accepted(realised, top, i, n - 1, max_depth)
-            emitted += accepted + 1
-            steps += 1
-            i += accepted + 1
-            step += 1
-    return emitted / max(steps, 1)
-
-
-def oracle_accepted(realised: torch.Tensor, top: torch.Tensor, i: int, drafts: int, max_depth: int) -> int:
-    """How many on-path nodes a best-`drafts` tree built from exact probabilities contains.
-
-    A node ranks behind its ancestors and behind the siblings of its path that score higher;
-    the siblings' own descendants (and siblings beyond ORACLE_TOP) are not counted, so this
-    errs high: a ceiling, as a bound should."""
-    chain = 1.0
-    for d in range(1, min(max_depth, len(realised) - 1 - i) + 1):
-        chain_d = chain * float(realised[i + d])
-        # Candidates ranked above node d: its d-1 ancestors plus siblings that score higher.
-        better = d - 1
-        ancestor = 1.0
-        for e in range(1, d + 1):
-            threshold = chain_d / ancestor
-            probs = top[i + e]
-            count = int((probs > threshold).sum())
-            if float(realised[i + e]) > threshold:
-                count -= 1  # the on-path token itself is not a sibling
-            better += count
-            ancestor *= float(realised[i + e])
-        if better >= drafts:
-            return d - 1
-        chain = chain_d
-    return min(max_depth, len(realised) - 1 - i)
+from .oracle import oracle_tokens_per_step
 
 
 def repeat_ratio_se(pairs: list[tuple[float, float]]) -> float | None:

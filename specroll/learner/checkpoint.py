@@ -406,11 +406,14 @@ def export_hf(
     tokenizer,
     out_dir: str | Path,
 ) -> Path:
-    """Write a directory `transformers.AutoModelForCausalLM.from_pretrained` loads.
+    """Write a directory `transformers.AutoModelForCausalLM.from_pretrained` loads (config,
+    generation config with the policy's stop tokens, weights, and the tokenizer with its chat template).
 
     Weights keep their dtype and get HF names (`lm_head.weight` is left out when tied).
     Written to a temporary sibling and renamed, so `out_dir` is whole or absent.
     """
+    from transformers import GenerationConfig
+
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} exists and is not empty; export into a new directory")
@@ -429,6 +432,7 @@ def export_hf(
     tmp.mkdir()
     try:
         hf_config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(hf_config).save_pretrained(tmp)
         save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)

@@ -21,8 +21,8 @@ ADAPTATION_MODES = ("static", "reflex", "slow", "both", "every_step")
 class SpeculationConfig:
     num_heads: int = 4  # H horizon heads = maximum tree depth
     head_type: str = "path"  # "path" (Hydra-style, reads the tree path) or "medusa"
-    # Trained heads file; "shipped" = SpecRoll's heads for this model (untrained if none ship);
-    # None = freshly initialised heads.
+    # Trained heads file; "shipped" = the heads for this model: DIR.heads.safetensors beside a model
+    # directory, else SpecRoll's shipped ones (untrained if none); None = freshly initialised heads.
     heads_path: str | None = "shipped"
     # Node budget policy: auto (concurrency on GPUs, cost_model on CPUs) | fixed | concurrency | cost_model.
     budget: str = "auto"
