@@ -121,10 +121,11 @@ class LearnerActor(SeesRunDir):
         return [lp.tolist() for lp in self.learner.compute_logprobs(samples)]
 
     def save(self, root: str, step: int, data_position: dict, heads: HeadsState | None, wandb_run_id: str | None,
-             run_config: dict, keep_last: int, drafter: list | None = None) -> str:
+             run_config: dict, keep_last: int, drafter: list | None = None, draft_history: list | None = None) -> str:
         """Write the run checkpoint for `step` (completed steps) under `root`; returns its path."""
         path = save_checkpoint(self.learner, root, step, data_position=data_position, heads=heads,
-                               wandb_run_id=wandb_run_id, run_config=run_config, keep_last=keep_last, drafter=drafter)
+                               wandb_run_id=wandb_run_id, run_config=run_config, keep_last=keep_last, drafter=drafter,
+                               draft_history=draft_history)
         return str(path)
 
     def restore(self, path: str) -> ResumeState:

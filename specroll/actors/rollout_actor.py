@@ -116,6 +116,20 @@ class RolloutActor(SeesRunDir):
             raise ValueError("this rollout actor learns no FastGRPO drafter online (rollout.mode, rollout.fastgrpo.online)")
         self.drafter_learner.load_state_dict(state)
 
+    def draft_history_state(self) -> dict | None:
+        """The earlier responses history lookup keeps, per prompt, as plain lists; None when it is off."""
+        return self.engine.decoder.suffix.history_state() if self.keeps_draft_history else None
+
+    def load_draft_history_state(self, state: dict) -> None:
+        """Resume history lookup from `draft_history_state()`'s output (a checkpoint's)."""
+        if not self.keeps_draft_history:
+            raise ValueError("this rollout actor keeps no draft history (rollout.mode, rollout.speculation.history_lookup)")
+        self.engine.decoder.suffix.load_history_state(state)
+
+    @property
+    def keeps_draft_history(self) -> bool:
+        return self.cfg.rollout.speculates and self.cfg.rollout.speculation.history_lookup
+
     def generate(self, step: int, policy_version: int, problems: list[tuple[int, Problem]]) -> Rollouts:
         """Responses to `problems` (each with its index in the step's batch) and their rewards."""
         if self.policy_version != policy_version:
@@ -131,6 +145,8 @@ class RolloutActor(SeesRunDir):
         out = self.engine.generate(prompts, params, prompt_keys=[prompt_key(step, i) for i, _ in problems])
         generated = time.perf_counter()
         self.last_stats = out.stats
+        if self.keeps_draft_history:
+            self.engine.decoder.remember_responses(prompts, out.token_ids, params.n)
         texts = self.tokenizer.batch_decode(out.token_ids, skip_special_tokens=True)
         golds = [problem.answer for _, problem in problems for _ in range(params.n)]
         scores = score_responses(texts, golds, self.cfg.data.reward)

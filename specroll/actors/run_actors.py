@@ -17,6 +17,7 @@ from specroll.configs import TrainConfig
 from specroll.data import Problem
 from specroll.eval.evaluation import EvalPlan, ProblemEval, batches
 from specroll.learner.checkpoint import ResumeState
+from specroll.speculation.drafting.suffix_drafts import merged_history
 from specroll.telemetry import metric_names as m
 
 from .batch import Rollouts, split_groups
@@ -184,8 +185,10 @@ class RunActors:
         """A complete checkpoint of `step` finished steps: learner ranks, data position, heads, W&B id, config."""
         heads = self.consolidation.heads.remote() if self.consolidation is not None else None
         drafter = self.rollout_call("drafter_state") if self.learns_drafter else None
+        history = self.rollout_call("draft_history_state") if self.keeps_draft_history else None
         calls = [(learner_name(r), learner.save.remote(root, step, data_position, heads if r == 0 else None,
-                                                      wandb_run_id, run_config, keep_last, drafter if r == 0 else None))
+                                                      wandb_run_id, run_config, keep_last, drafter if r == 0 else None,
+                                                      history if r == 0 else None))
                  for r, learner in enumerate(self.learners)]
         return self.wait(calls, f"save_checkpoint (step {step})")[0]
 
@@ -203,7 +206,20 @@ class RunActors:
             calls = [(rollout_name(i), actor.load_drafter_state.remote(states[i if len(states) == len(self.rollout) else 0]))
                      for i, actor in enumerate(self.rollout)]
             self.wait(calls, "load_drafter_state (checkpointed FastGRPO drafters)")
+        if resumed.draft_history is not None and self.keeps_draft_history:
+            states = resumed.draft_history
+            # Each actor resumes its own history; with another actor count, prompts move between
+            # actors, so each takes every actor's (its own bounds keep the newest).
+            merged = None if len(states) == len(self.rollout) else merged_history(states)
+            calls = [(rollout_name(i), actor.load_draft_history_state.remote(states[i] if merged is None else merged))
+                     for i, actor in enumerate(self.rollout)]
+            self.wait(calls, "load_draft_history_state (checkpointed history lookup)")
         return resumed
+
+    @property
+    def keeps_draft_history(self) -> bool:
+        """Speculation with history lookup: each rollout actor keeps earlier responses per prompt."""
+        return self.cfg.rollout.speculates and self.cfg.rollout.speculation.history_lookup
 
     @property
     def learns_drafter(self) -> bool:

@@ -83,6 +83,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="speculation.would_be_every: a would-be tree every this many plain steps (0: off)")
     ap.add_argument("--would-be-off-engine", action="store_true",
                     help="also time the speculative engine with would-be trees off (wb/off column)")
+    ap.add_argument("--no-head-drafts", action="store_true", help="draft the lookups' chains only (the root still verifies)")
+    ap.add_argument("--sibling-lookup", action="store_true", help="also draft from the group siblings' text so far")
+    ap.add_argument("--history-lookup", action="store_true",
+                    help="also draft from earlier responses to the prompt: each repeat's responses are kept for the next")
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32])
     ap.add_argument("--grpo", default="8x8", help="prompts x responses, or '' to skip")
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -113,6 +117,8 @@ def run(args: argparse.Namespace) -> dict:
     spec = SpeculationConfig(head_type=args.head_type, heads_path=heads_path, budget=args.budget,
                       fixed_nodes=min(args.fixed_nodes, args.max_nodes), max_nodes=args.max_nodes,
                       capacity=args.capacity, context_lookup=not args.no_context_lookup,
+                      head_drafts=not args.no_head_drafts, sibling_lookup=args.sibling_lookup,
+                      history_lookup=args.history_lookup,
                       sync_free_trees={"auto": None, "on": True, "off": False}[args.sync_free_trees],
                       would_be_every=args.would_be_every)
     modes = [("eager", False)] * (not args.no_eager) + [("compiled", True)] * args.compile
@@ -169,6 +175,7 @@ def run(args: argparse.Namespace) -> dict:
                 off_out, off_wall = calls[engines[-1]]
                 off_pairs.append((off_out.stats.tokens / off_wall, calls[spec_engine][0].stats.tokens / calls[spec_engine][1]))
             (plain_out, plain_wall), (out, wall) = calls[plain_engine], calls[spec_engine]
+            spec_engine.decoder.remember_responses(prompts, out.token_ids, n)  # history lookup's, for the next repeat
             pairs.append((plain_out.stats.tokens / plain_wall, out.stats.tokens / wall))
             same += sum(a == b for a, b in zip(plain_out.token_ids, out.token_ids))
             responses += len(out.token_ids)
@@ -198,6 +205,7 @@ def run(args: argparse.Namespace) -> dict:
             "decode_speedup": (spec_tok / (spec_t - spec_prefill)) / (plain_tok / (plain_t - plain_prefill)),
             "same_responses": same / responses,
             "tokens_per_step": sum(per_step) / len(per_step),
+            "tokens_per_step_by_repeat": per_step,
             "oracle_tokens_per_step": sum(oracle) / len(oracle),
             "would_be_tokens_per_step": sum(would_be) / len(would_be) if would_be else None,
             # The speculative engine with would-be trees against itself without them.
@@ -220,7 +228,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.budget == "concurrency":
         budget += " (C_hw " + ", ".join(f"{c} {mode}" for mode, c in capacity.items()) + ")"
     print(f"\npolicy {args.policy}, heads {heads_path or 'untrained ' + args.head_type}, budget {budget}, "
-          f"context lookup {'off' if args.no_context_lookup else 'on'}, prompts from {source}, device {device}, {args.dtype}, "
+          f"context lookup {'off' if args.no_context_lookup else 'on'}, "
+          f"sibling lookup {'on' if args.sibling_lookup else 'off'}, history lookup {'on' if args.history_lookup else 'off'}, "
+          f"head drafts {'off' if args.no_head_drafts else 'on'}, prompts from {source}, device {device}, {args.dtype}, "
           f"temperature {args.temperature}, top_p {args.top_p}, sync-free trees {args.sync_free_trees}")
     print(f"{'setting':>16} {'step':>8} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'± s.e.':>6} {'decode':>6} "
           f"{'tok/step':>8} {'would-be':>8} {'wb/off':>6} {'oracle':>7} {'drafting':>8} {'lookup':>6} {'same':>5}  budget trace")
