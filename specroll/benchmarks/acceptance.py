@@ -41,11 +41,10 @@ from .oracle import oracle_passes, response_probabilities
 # Draft sources: name -> the SpeculationConfig switch that turns the source on (None: always on).
 # A source runs alone where every other source has a switch; "combined" turns every switch on.
 SOURCES: dict[str, str | None] = {
-    "heads": None,  # becomes "head_drafts" once SpeculationConfig has it; then "lookup" runs alone too
+    "heads": "head_drafts",
     "lookup": "context_lookup",
-    # Issue 51's other sources, one line each once SpeculationConfig has their switches:
-    # "siblings": "sibling_lookup",
-    # "history": "history_lookup",
+    "siblings": "sibling_lookup",
+    "history": "history_lookup",
 }
 COMBINED = "combined"
 
@@ -109,6 +108,7 @@ def measure_setting(model, tokenizer, heads: HorizonHeads, prompts, base: Specul
             params = SamplingParams(temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=args.max_new_tokens,
                                     n=args.group, seed=args.seed + epoch)
             out = engine.generate(prompts, params)
+            engine.decoder.remember_responses(prompts, out.token_ids, args.group)  # the next epoch's history
             bar.update()
             tally.add(*tree_tally(out))
             depth.append(out.stats.tree.acceptance_by_depth)
