@@ -6,8 +6,9 @@
 
 Each step: sample prompts -> push the latest policy to the rollout actors -> rollouts
 (generate, reward) -> advantages and the learner's update -> metrics -> a checkpoint every
-`checkpoint_every` steps. With `cluster.overlap` the rollouts of step k+1 are generated while
-the learner trains on step k, so training is one policy version off-policy.
+`checkpoint_every` steps (after the step's metrics line: no checkpoint covers a step without
+one). With `cluster.overlap` the rollouts of step k+1 are generated while the learner trains
+on step k, so training is one policy version off-policy.
 
 The Hydra tree is `conf/` next to the package, or the directory in $SPECROLL_CONF.
 """
@@ -31,17 +32,24 @@ from tqdm.auto import tqdm
 
 from specroll.actors import (
     ActorFailedError,
+    ClusterLostError,
     LearnerUpdate,
     PendingConsolidation,
     PendingRollouts,
     Rollouts,
     RunActors,
 )
+from specroll.actors.placement import local_resources
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.configs.renames import renamed_overrides
-from specroll.data import PromptStream, load_problems
+from specroll.data import Problem, PromptStream
+from specroll.eval.evaluation import EvalReport, eval_plan
+from specroll.eval.held_out import load_held_out
 from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_branch, verify_checkpoint
 from specroll.models import resolve_checkpoint
+from specroll.preflight import preflight
+from specroll.run_dir import CHECKPOINTS, write_run_token
+from specroll.storage import write_atomically
 from specroll.telemetry import (
     MetricsLogger,
     StepProgress,
@@ -56,12 +64,17 @@ from specroll.telemetry.run_summary import format_summary
 from specroll.telemetry.sinks import JSONL_NAME
 
 CONF_ENV = "SPECROLL_CONF"
-CHECKPOINTS = "checkpoints"  # under run_dir
 CONFIG_NAME = "config.yaml"  # under run_dir: the resolved config of the latest launch
 CURVES_NAME = "run_curves.png"  # under run_dir: the run's curves, drawn at its end
+EVALS = "evals"  # under run_dir: step_XXXXXXXX.json, the held-out evaluation of that checkpoint's policy
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks, kept for ours
-# Errors whose message names what failed (a config field, a checkpoint file, an actor): a traceback adds nothing.
-REPORTED_ERRORS = (ValueError, FileNotFoundError, ActorFailedError)
+# Errors whose message names what failed (a config field, a file or folder, the Ray address, an actor, a lost
+# cluster): a traceback adds nothing. OSError holds PermissionError, FileNotFoundError and ConnectionError.
+REPORTED_ERRORS = (ValueError, OSError, ActorFailedError, ClusterLostError)
+# The phases of a step, in order, as `run_training`'s `on_phase` sees them begin.
+WEIGHT_SYNC, GENERATE, HEAD_UPDATE, TRAIN, SAVE = "weight_sync", "generate", "head_update", "train", "save"
+STEP_PHASES = (WEIGHT_SYNC, GENERATE, HEAD_UPDATE, TRAIN, SAVE)
+OnPhase = Callable[[int, str, RunActors], None]
 
 
 def conf_dir() -> str:
@@ -79,6 +92,8 @@ class Run:
     logger: MetricsLogger | None = None  # set last: a run with a logger has begun its steps
     first_step: int = 0  # the resumed checkpoint's step; 0 afresh
     last_checkpoint: str | None = None  # the newest one written or resumed from
+    held_out: list[Problem] | None = None  # the problems `eval_every` evaluates on; None without
+    last_eval: str | None = None  # the newest evaluation's file of this launch
 
     @property
     def run_dir(self) -> Path:
@@ -118,42 +133,50 @@ class RunSummary:
     wandb_run_id: str | None
     wandb_dir: str | None  # the offline run's directory, or the run's URL online; None without W&B
     metrics: dict[str, float]  # of the last step; empty when no step ran
+    last_eval: str | None  # this launch's newest held-out evaluation (evals/step_XXXXXXXX.json); None without
     curves_file: str | None  # the run's curves as a PNG; None without steps
     table: str | None  # the end-of-run table; None without steps
 
 
-def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors], None] | None = None) -> RunSummary:
+def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors], None] | None = None,
+                 on_phase: OnPhase | None = None) -> RunSummary:
     """Train as `cfg` says, from its latest checkpoint when `cfg.resume` allows.
 
-    `on_step_end(step, metrics, actors)` runs after each logged step (notebooks, tests).
+    `on_step_end(step, metrics, actors)` runs after each step (its metrics logged, its checkpoint
+    saved), and `on_phase(step, phase, actors)` as each of `STEP_PHASES` begins (notebooks, tests:
+    the fault tests kill an actor there).
     """
     run = Run(cfg)
     try:
         prepare(run)
-        steps = train_loop(run, on_step_end)
+        steps = train_loop(run, on_step_end, on_phase)
         return report(run, steps)
-    except ActorFailedError as exc:
+    except (ActorFailedError, ClusterLostError) as exc:
         if run.logger is None:  # failed while starting: nothing ran that a resume would continue
             raise
-        raise ActorFailedError(f"{exc}\n  {resume_advice(run.checkpoints)}") from exc
+        raise type(exc)(f"{exc}\n  {resume_advice(run.checkpoints)}") from exc
     finally:
         teardown(run)
 
 
 def prepare(run: Run) -> None:
-    """Everything before the first step: checks, the checkpoint to resume, the saved config, the
-    data, converted model checkpoints, Ray, the actors, the restored state and the logger."""
-    cfg = run.cfg
-    check_runnable(cfg)
+    """Everything before the first step: every input checked (before anything is written), the
+    checkpoint to resume, the saved config and run token, converted model checkpoints, Ray, the
+    actors (each seeing the run_dir), the restored state and the logger."""
+    check_runnable(run.cfg)
+    inputs = preflight(run.cfg)
+    run.cfg = cfg = inputs.cfg  # run_dir and local paths absolute, for every actor on every node
+    if cfg.eval_every:
+        run.held_out = load_held_out(cfg.data, cfg.eval)
     resume_from = checkpoint_to_resume(cfg, run.checkpoints)
     save_resolved_config(cfg, run.run_dir)
-    problems = load_problems(cfg.data.name, cfg.data.path, cfg.data.split, cfg.data.limit, cfg.data.synthetic,
-                             records=cfg.data.records, subset=cfg.data.subset)
+    token = write_run_token(run.run_dir)
     convert_checkpoints(cfg)
     run.started_ray = connect_ray(cfg.cluster)
     run.actors = RunActors.start(cfg)
+    run.actors.check_run_dir(cfg.run_dir, token)
     resumed = run.actors.restore(str(resume_from)) if resume_from is not None else None
-    run.stream = PromptStream(problems, cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
+    run.stream = PromptStream(inputs.problems, cfg.data.prompts_per_step, cfg.seed, cfg.data.shuffle)
     if resumed:
         run.first_step, run.last_checkpoint = resumed.step, str(resumed.path)
         run.stream.load_state_dict(resumed.data_position)
@@ -168,45 +191,61 @@ def convert_checkpoints(cfg: TrainConfig) -> None:
             resolve_checkpoint(name)
 
 
-def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | None = None) -> list[dict[str, float]]:
+def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | None = None,
+               on_phase: OnPhase | None = None) -> list[dict[str, float]]:
     """Steps `run.first_step` to `total_steps - 1`; returns each step's metrics.
 
     A step: rollouts, the slow path's head update (overlapping the learner's), the learner's
-    update, a checkpoint when due, metrics. With `cluster.overlap` the next step's rollouts
-    are generated while the learner trains on this one.
+    update, metrics, then a checkpoint when due: a crash between the two leaves the step's line
+    and the checkpoint before it, and the resumed run redoes the step, replacing that line. A
+    step's record holds the saving time of the checkpoint before it. With `cluster.overlap` the
+    next step's rollouts are generated while the learner trains on this one.
     """
     cfg, actors, steps = run.cfg, run.actors, []
+
+    def phase(step: int, name: str) -> None:
+        if on_phase is not None:
+            on_phase(step, name, actors)
+
     with StepProgress(cfg.total_steps, run.first_step) as progress:
         launched = None  # the next step's rollouts, when launched early (overlap)
+        checkpoint_s = 0.0  # saving the checkpoint after the previous step
         for step in range(run.first_step, cfg.total_steps):
             started = time.perf_counter()
-            current = launched if launched is not None else start_rollouts(run, step)
+            current = launched if launched is not None else start_rollouts(run, step, phase)
             launched = None
+            phase(step, GENERATE)
             rollouts = collect_with_progress(actors, current.pending, cfg)
+            phase(step, HEAD_UPDATE)
             consolidating = actors.start_consolidation(rollouts)  # the slow path overlaps the update ...
             update_wait_s = actors.finish_consolidation(consolidating) if run.waits_for_heads else 0.0
             if cfg.cluster.overlap and step + 1 < cfg.total_steps:
-                launched = start_rollouts(run, step + 1)  # generates while the learner trains on this step
+                launched = start_rollouts(run, step + 1, phase)  # generates while the learner trains on this step
+            phase(step, TRAIN)
             trained = actors.train(rollouts)
             if not run.waits_for_heads:  # ... and the next rollout drafts with the heads it publishes
                 update_wait_s = actors.finish_consolidation(consolidating)
-            checkpoint_s = save_if_due(run, step, current.data_position)
-            # Measured after the checkpoint so that the step's record includes its saving time.
+            evaluation = evaluate_if_due(run, step)
             heads = heads_metrics(actors, consolidating, update_wait_s)
             metrics = step_metrics(rollouts, trained, heads, current.weight_sync_s, checkpoint_s,
-                                   time.perf_counter() - started)
-            run.logger.log(step, metrics)
+                                   time.perf_counter() - started + checkpoint_s)
+            metrics.update(evaluation)
+            run.logger.log(step, metrics)  # before the checkpoint that covers the step
             progress.update(step, metrics)
             steps.append(metrics)
+            if checkpoint_due(cfg, step):
+                phase(step, SAVE)
+            checkpoint_s = save_if_due(run, step, current.data_position)
             if on_step_end is not None:
                 on_step_end(step, metrics, actors)
     return steps
 
 
-def start_rollouts(run: Run, step: int) -> LaunchedRollouts:
+def start_rollouts(run: Run, step: int, phase: Callable[[int, str], None]) -> LaunchedRollouts:
     """Draw the step's prompts, push the latest policy, launch generation."""
     batch = next(run.stream)
     position = run.stream.state_dict()
+    phase(step, WEIGHT_SYNC)
     started = time.perf_counter()
     run.actors.sync_policy()
     return LaunchedRollouts(run.actors.start_rollouts(step, batch), time.perf_counter() - started, position)
@@ -221,6 +260,20 @@ def save_if_due(run: Run, step: int, data_position: dict) -> float:
     run.last_checkpoint = run.actors.save(str(run.checkpoints), step + 1, data_position, run.logger.run_id,
                                           cfg.to_dict(), cfg.keep_last)
     return time.perf_counter() - started
+
+
+def evaluate_if_due(run: Run, step: int) -> dict[str, float]:
+    """The policy after step `step` on the held-out problems when `eval_every` asks (and after the
+    last step): `eval/*` and its time, the report written to evals/; empty on other steps."""
+    cfg, done = run.cfg, step + 1
+    if not cfg.eval_every or (done % cfg.eval_every and done != cfg.total_steps):
+        return {}
+    started, plan = time.perf_counter(), eval_plan(cfg.rollout, cfg.eval)
+    version = run.actors.sync_policy()
+    results = run.actors.evaluate(run.held_out, plan, cfg.eval.batch_size)
+    report = EvalReport(f"{cfg.run_dir} (policy version {version})", done, results, plan.ks)
+    run.last_eval = str(report.write(run.run_dir / EVALS / f"step_{done:08d}.json"))
+    return {**report.metrics(), m.TIME_EVAL: time.perf_counter() - started}
 
 
 def heads_metrics(actors: RunActors, consolidating: PendingConsolidation | None,
@@ -254,6 +307,7 @@ def report(run: Run, steps: list[dict[str, float]]) -> RunSummary:
         wandb_run_id=run.logger.run_id,
         wandb_dir=wandb_location(run.logger),
         metrics=steps[-1] if steps else {},
+        last_eval=run.last_eval,
         curves_file=curves_file,
         table=table,
     )
@@ -291,7 +345,7 @@ def save_resolved_config(cfg: TrainConfig, run_dir: Path) -> None:
     """The config this launch runs with, as `run_dir/config.yaml` (a resumed launch replaces
     it; every checkpoint keeps the config it was saved under)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_NAME).write_text(OmegaConf.to_yaml(cfg.to_dict()))
+    write_atomically(run_dir / CONFIG_NAME, OmegaConf.to_yaml(cfg.to_dict()))
 
 
 def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
@@ -324,7 +378,12 @@ def connect_ray(cluster: ClusterSection) -> bool:
         return False
     address = cluster.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address)
+        try:
+            ray.init(address=address)
+        except ConnectionError as exc:
+            raise ConnectionError(f"cannot reach the Ray cluster at {address} (cluster.ray_address or $RAY_ADDRESS): "
+                                  f"{str(exc).splitlines()[0]}; start it (ray start --head) or unset both for a "
+                                  "local cluster") from exc
         return True
     c = cluster
     gpus = c.num_rollout_actors * c.gpus_per_rollout_actor + c.learner_world_size * c.gpus_per_learner
@@ -334,7 +393,8 @@ def connect_ray(cluster: ClusterSection) -> bool:
     cpus = c.num_rollout_actors * c.cpus_per_rollout_actor + c.learner_world_size * c.cpus_per_learner
     # Ray's CPUs are bookkeeping: a laptop with fewer cores still runs the config, just slower.
     # address="local": a cluster of this run's own, even where another one runs on this machine.
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), include_dashboard=False)
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), resources=local_resources(c),
+             include_dashboard=False)
     return True
 
 
@@ -402,6 +462,8 @@ def describe(summary: RunSummary) -> str:
         lines.append(f"  metrics:      {summary.metrics_file}")
     lines.append(f"  checkpoints:  {summary.checkpoint_dir}   (latest: {summary.last_checkpoint})")
     lines.append(f"  config:       {summary.config_file}")
+    if summary.last_eval:
+        lines.append(f"  evaluation:   {summary.last_eval}")
     if summary.curves_file:
         lines.append(f"  curves:       {summary.curves_file}")
     if summary.table:

@@ -5,7 +5,8 @@ import math
 
 import torch
 
-from specroll.benchmarks.spec_vs_plain import main, oracle_accepted, plain_row_off, repeat_ratio_se
+from specroll.benchmarks.oracle import oracle_accepted, oracle_passes
+from specroll.benchmarks.spec_vs_plain import main, plain_row_off, repeat_ratio_se
 
 # Position j holds the policy's probability of the response token r_j (realised) and its
 # largest probabilities at that position (top). The root is r_0; a tree predicts r_1, r_2 ...
@@ -35,6 +36,13 @@ def test_a_likelier_sibling_takes_the_only_draft():
     top = torch.tensor([[1.0, 0.0], [0.6, 0.3], [0.9, 0.1]])
     assert oracle_accepted(realised, top, 0, drafts=1, max_depth=4) == 0
     assert oracle_accepted(realised, top, 0, drafts=2, max_depth=4) == 1
+
+
+def test_the_oracle_walks_a_response_pass_by_pass_under_each_pass_budget():
+    # One draft a pass: r_1 from r_0, then r_3 from r_2: 4 tokens in 2 passes.
+    assert oracle_passes([(REALISED, TOP)], [2], max_depth=4) == (4, 2)
+    # 15 drafts on the second pass: r_3 and r_4 both.
+    assert oracle_passes([(REALISED, TOP)], [2, 16], max_depth=4) == (5, 2)
 
 
 def test_the_ratio_standard_error_by_hand():

@@ -110,6 +110,7 @@ def test_experiments_override_groups_and_top_level_values():
     [
         (["cluster.num_rollout_actors=-1"], "cluster.num_rollout_actors must be an int >= 1, got -1"),
         (["data.prompts_per_step=0"], "data.prompts_per_step must be an int >= 1"),
+        (["data.long_prompts=truncate"], "data.long_prompts must be one of 'fail', 'drop', got 'truncate'"),
         (["keep_last=1"], "keep_last must be an int >= 2, got 1"),
         (["rollout.max_new_tokens=-5"], "rollout.max_new_tokens must be >= 1"),
         (["learner.micro_batch_tokens=-1"], "learner.micro_batch_tokens must be an int >= 1"),
@@ -142,6 +143,8 @@ def test_experiments_override_groups_and_top_level_values():
         (["model.tokenizer=smollm2-135m-instruct"], "model.tokenizer is only for tiny-* models"),
         (["logger.mode=cloud"], "logger.mode must be one of 'offline', 'online', 'disabled'"),
         (["cluster.gpus_per_learner=1.5"], "cluster.gpus_per_learner must be a whole number"),
+        (["+cluster.rollout_resources.rollout_node=0"], "cluster.rollout_resources.rollout_node must be a finite number > 0"),
+        (["+cluster.learner_resources.GPU=1"], "cluster.learner_resources names custom resources, not 'GPU'"),
         (["learner.temperature=0.5"], "learner.temperature (0.5) must equal rollout.temperature (1.0)"),
         (["rollout.max_new_tokens=1024"], "rollout.max_new_tokens (1024) must be <= learner.max_response_len (512)"),
         (["cluster.learner_world_size=3"], "data.prompts_per_step (8) must be a multiple of cluster.learner_world_size (3)"),
@@ -192,7 +195,8 @@ def test_plain_dicts_and_the_saved_form_round_trip():
 
 
 def test_context_limits_are_checked_against_the_model():
-    tiny = tiny_config("llama")  # 256-token context
+    tiny = ModelSection(name="tiny-llama").context_length()  # 256 tokens, read without building the model
+    assert tiny == tiny_config("llama").max_position_embeddings == 256
     validate_against_model(load(["experiment=smoke"]), tiny)
     with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) \+ rollout.speculation.max_nodes \(16\) = 272 exceeds"):
         validate_against_model(load(), tiny)

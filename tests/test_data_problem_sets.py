@@ -128,6 +128,22 @@ def test_nested_fields_chat_questions_and_number_answers(tmp_path):
     assert numbers == [Problem("Q1?", "4", "4")]
 
 
+def test_each_problem_knows_its_line_or_record(tmp_path):
+    path = tmp_path / "set.jsonl"
+    path.write_text('{"q": "Q1?", "a": "1"}\n\n{"q": "Q2?", "a": "2"}\n')  # a blank line between
+    assert [p.source for p in load_problem_set(str(path), RecordFormat("q", "a", "plain"))] == [f"{path}:1", f"{path}:3"]
+    Dataset.from_list([{"q": "Q1?", "a": "1"}]).to_parquet(tmp_path / "set.parquet")
+    parquet = load_problem_set(str(tmp_path / "set.parquet"), RecordFormat("q", "a", "plain"))
+    assert [p.source for p in parquet] == [f"{tmp_path / 'set.parquet'} record 1"]
+
+
+def test_text_that_is_not_utf8_is_named_by_file_and_line(tmp_path):
+    path = tmp_path / "set.json"
+    path.write_bytes('[{"q": "Q1?", "a": "1"},\n {"q": "Caf\xe9?", "a": "2"}]\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"^{path}:2: not UTF-8 text \(byte 0xe9 at column 12\); save the file as UTF-8$"):
+        load_problem_set(str(path), RecordFormat("q", "a", "plain"))
+
+
 @pytest.mark.parametrize(
     ("records", "good", "bad", "message"),
     [

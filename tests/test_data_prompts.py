@@ -1,4 +1,4 @@
-"""format_prompt with the real SmolLM2 tokenizer, read offline from the GGUF file."""
+"""format_prompt and prompt lengths with the real SmolLM2 tokenizer, read offline from the GGUF file."""
 
 import copy
 import importlib.util
@@ -8,7 +8,8 @@ import warnings
 import pytest
 from transformers import AutoTokenizer
 
-from specroll.data import INSTRUCTION, format_prompt
+from specroll.data import INSTRUCTION, Problem, format_prompt
+from specroll.data.prompt_lengths import LongPrompt, prompt_lengths, split_long_prompts
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does Tom have?"
 
@@ -48,3 +49,22 @@ def test_fallback_without_chat_template_warns_once(tokenizer):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert format_prompt(plain, QUESTION) == ids
+
+
+def test_prompt_lengths_are_the_lengths_of_the_formatted_prompts(tokenizer):
+    questions = [QUESTION, "Count the words: " + "one " * 300, "  Is 7 prime?  "]
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    for tok, instruction in ((tokenizer, INSTRUCTION), (tokenizer, ""), (plain, INSTRUCTION)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the fallback's once-per-tokenizer warning
+            want = [len(format_prompt(tok, q, instruction)) for q in questions]
+        assert prompt_lengths(tok, questions, instruction) == want
+    assert prompt_lengths(tokenizer, [], INSTRUCTION) == []
+
+
+def test_long_prompts_are_split_off_in_order_named_by_source():
+    problems = [Problem("a", "1", "1", source="f.jsonl:1"), Problem("b", "2", "2"), Problem("c", "3", "3")]
+    kept, long = split_long_prompts(problems, [10, 30, 20], max_prompt_tokens=20, unnamed="synthetic problem")
+    assert kept == [problems[0], problems[2]]
+    assert long == [LongPrompt("synthetic problem 2", 30)]

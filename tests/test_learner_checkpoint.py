@@ -169,13 +169,13 @@ def test_every_file_and_directory_is_fsynced_before_the_rename(tmp_path, monkeyp
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "rename", rename)
     saved = save_checkpoint(make_learner(), tmp_path / "run", step=1, heads=HeadsState(1, {"w": torch.ones(2)}, None, None),
-                            drafter=[{"n": 1}])
+                            drafter=[{"n": 1}], draft_history=[{"next_text": 0, "texts": []}])
     tmp = f"{saved}.tmp"
     (synced_before,) = [n for src, n in renamed if src == tmp]
     expected = {tmp} | {f"{tmp}/{p.relative_to(saved)}" for p in saved.rglob("*")}
     assert expected <= set(synced[:synced_before])
     assert str(tmp_path / "run") in synced[synced_before:]  # the directory holding the new name
-    assert {"heads.pt", "drafter.pt", "state.json", "COMPLETE"} <= {p.name for p in saved.iterdir()}
+    assert {"heads.pt", "drafter.pt", "draft_history.pt", "state.json", "COMPLETE"} <= {p.name for p in saved.iterdir()}
     verify_checkpoint(saved)
 
 

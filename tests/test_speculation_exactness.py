@@ -88,6 +88,7 @@ class Setting:
     min_deep_share: float = 0.0  # kept tokens from decisions at depth >= 2 must be at least this share
     nucleus_candidates: int | None = None  # top-p searched among this many tokens first (else rows are sorted whole)
     gate_probe_every: int | None = None  # a closed tree gate probing every this many plain steps (see gated_profile)
+    history_calls: int = 0  # earlier generate calls (other seeds) whose responses history lookup keeps
 
 
 SETTINGS = {
@@ -123,6 +124,16 @@ SETTINGS = {
     "t1-path-trained-plain-would-be": Setting(dict(temperature=1.0), "path-trained",
                                               dict(budget="concurrency", capacity=1, fixed_nodes=8, would_be_every=1)),
     "t1-path-random-fixed4": Setting(dict(temperature=1.0), "path-random", dict(budget="fixed", fixed_nodes=4), n=3000),
+    # Group siblings' text and an earlier call's responses drafted beside random heads and context lookup.
+    "t1-path-random-fixed8-siblings-history": Setting(dict(temperature=1.0), "path-random",
+                                                      dict(budget="fixed", fixed_nodes=8, sibling_lookup=True,
+                                                           history_lookup=True), n=1000, history_calls=1,
+                                                      min_deep_share=0.05),
+    # Sibling and history chains alone (no head drafts, no context lookup), at every depth.
+    "t07-topp09-lookups-only-fixed16-siblings-history": Setting(dict(temperature=0.7, top_p=0.9), "path-trained",
+                                                                dict(budget="fixed", fixed_nodes=16, head_drafts=False,
+                                                                     sibling_lookup=True, history_lookup=True),
+                                                                lookup="off", n=1000, history_calls=1, min_deep_share=0.2),
     "t07-medusa-random-lookup-first-fixed8": Setting(dict(temperature=0.7), "medusa-random",
                                                      dict(budget="fixed", fixed_nodes=8), lookup="first",
                                                      min_deep_share=0.03),
@@ -171,8 +182,11 @@ def speculative_rollout(model, heads, setting: Setting, rule=verify_tree):
     if setting.lookup == "first":  # chains ranked first and never re-estimated
         engine.decoder.lookup_acceptance.rate.fill_(1.0)
         engine.decoder.lookup_acceptance.momentum = 1.0
-    recorder = DecisionRecorder(engine, [len(p) for p in PROMPTS], setting.n, rule)
     params = SamplingParams(n=setting.n, max_new_tokens=NEW_TOKENS, seed=0, **setting.sampling)
+    for call in range(setting.history_calls):
+        earlier = engine.generate(PROMPTS, replace(params, seed=100 + call))
+        engine.decoder.remember_responses(PROMPTS, earlier.token_ids, setting.n)
+    recorder = DecisionRecorder(engine, [len(p) for p in PROMPTS], setting.n, rule)
     with pytest.MonkeyPatch.context() as patch:
         if setting.nucleus_candidates is not None:
             patch.setattr(sampling, "NUCLEUS_CANDIDATES", setting.nucleus_candidates)
@@ -370,6 +384,9 @@ MUTATIONS = {  # rule, the setting it is tried on
     "first-child-from-third-decision": (first_child_from_third_decision, "t07-topp09-path-trained-fixed16"),
     "parent-uniform-below-depth-1": (parent_uniform_below_depth_one, "t07-topp09-path-trained-fixed16"),
     "ratio-acceptance": (ratio_acceptance, "t1-path-trained-concurrency"),
+    "leak-5%-siblings-history": (leaky(0.05), "t1-path-random-fixed8-siblings-history"),  # n=1000 finds a 2% leak, not below FAIL_P
+    "first-child-from-third-decision-lookups-only": (first_child_from_third_decision,
+                                                     "t07-topp09-lookups-only-fixed16-siblings-history"),
 }
 
 

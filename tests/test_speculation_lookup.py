@@ -11,7 +11,7 @@ from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.rollout.token_history import TokenHistory
 from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.drafting.lookup import LookupAcceptance, LookupDrafts, add_lookup_candidates, lookup_drafts
-from specroll.speculation.drafting.tree import Candidates, select_tree
+from specroll.speculation.drafting.tree import Candidates, no_candidates, select_tree
 
 
 def approx(values):
@@ -67,6 +67,22 @@ def test_rows_without_a_lookup_match_keep_the_heads_tree():
     for k in (1, 2, 3):
         a, b = select_tree(merged, k), select_tree(hand_candidates(), k)
         assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+
+
+def test_a_second_chain_shares_only_usable_nodes_of_the_first():
+    """A chain without a match leaves unusable nodes under the root at depths 1..3 holding
+    whatever tokens; a later chain through the same tokens must not take them for its own nodes."""
+    unmatched = LookupDrafts(torch.tensor([[7, 8, 9]]), torch.zeros(1, 3, dtype=torch.bool), torch.tensor([0]))
+    first = add_lookup_candidates(hand_candidates(), unmatched, torch.zeros(1, 3))
+    second = add_lookup_candidates(first, LookupDrafts(torch.tensor([[9, 8]]), torch.ones(1, 2, dtype=torch.bool),
+                                                       torch.tensor([1])), torch.tensor([[0.5, 0.5]]).log())
+    assert second.tokens[0, 6:].tolist() == [9, 8] and second.depths[0, 6:].tolist() == [1, 2]
+    assert second.parents[0, 6:].tolist() == [-1, 6] and torch.isinf(second.scores[0, 3:6]).all()
+    # No candidate set: every node of the chain is new.
+    from_nothing = add_lookup_candidates(no_candidates(torch.tensor([4])), LookupDrafts(
+        torch.tensor([[9, 8]]), torch.ones(1, 2, dtype=torch.bool), torch.tensor([1])), torch.tensor([[0.5, 0.5]]).log())
+    assert from_nothing.tokens.tolist() == [[9, 8]] and from_nothing.parents.tolist() == [[-1, 0]]
+    assert from_nothing.scores.exp().tolist() == [approx([0.5, 0.25])]
 
 
 def test_lookup_acceptance_learns_from_the_emitted_tokens():

@@ -37,7 +37,7 @@ def test_namespace_defines_every_family_and_rejects_other_names():
     assert all(metric_names.METRICS.values())
     for name in ("train/loss", "speculation/tokens_per_step", "timing_s/head_sync", "heads/version", acceptance_depth(12)):
         check_metric_name(name)
-    for name in ("train/los", "reward", "eval/accuracy", "speculation/acceptance_depth_0", "speculation/acceptance_depth_x", "rollout/"):
+    for name in ("train/los", "reward", "eval/acuracy", "speculation/acceptance_depth_0", "speculation/acceptance_depth_x", "rollout/"):
         with pytest.raises(ValueError, match="not in the namespace"):
             check_metric_name(name)
     with pytest.raises(ValueError, match="did you mean train/loss"):
@@ -141,6 +141,28 @@ def test_metrics_after_a_rollback_hold_each_step_of_the_live_lineage_once(tmp_pa
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [(r["step"], r["train/loss"]) for r in rows] == [(0, 1.0), (1, 1.0), (2, 1.0), (3, 1.0), (4, 2.0),
                                                             (5, 2.0), (6, 2.0)]
+
+
+def test_a_resume_warns_once_about_steps_without_a_line_and_fills_nothing_in(tmp_path):
+    with MetricsLogger(LoggerSection(**OFF), tmp_path) as logger:
+        for step in (0, 1, 2, 4, 5, 8):  # an earlier run lost the lines of steps 3, 6 and 7
+            logger.log(step, {"train/loss": float(step)})
+    with pytest.warns(UserWarning) as warned:
+        with MetricsLogger(LoggerSection(**OFF), tmp_path, first_step=8) as logger:
+            logger.log(8, {"train/loss": 80.0})
+    assert [str(w.message) for w in warned] == [
+        f"{tmp_path / 'metrics.jsonl'} has no line for step(s) 3, 6-7 of the 8 before the resumed checkpoint: "
+        "they stay a gap"]
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["train/loss"]) for r in rows] == [(0, 0.0), (1, 1.0), (2, 2.0), (4, 4.0), (5, 5.0), (8, 80.0)]
+
+
+def test_a_resume_without_gaps_warns_nothing(tmp_path, recwarn):
+    with MetricsLogger(LoggerSection(**OFF), tmp_path) as logger:
+        logger.log(0, {"train/loss": 0.0})
+    with MetricsLogger(LoggerSection(**OFF), tmp_path, first_step=1):
+        pass
+    assert not recwarn.list
 
 
 def test_logger_rejects_bad_names_values_and_steps_before_writing(tmp_path):

@@ -3,13 +3,14 @@ from .batch import Rollouts, prompt_key, split_groups
 from .head_consolidation_actor import DriftRecord, HeadConsolidationActor
 from .learner_actor import LearnerActor, LearnerUpdate
 from .placement import actor_device, as_remote
-from .remote_calls import ActorFailedError, ActorTimeoutError, gather
+from .remote_calls import ActorFailedError, ActorTimeoutError, ClusterLostError, gather
 from .rollout_actor import RolloutActor
 from .run_actors import PendingConsolidation, PendingRollouts, RunActors
 
 __all__ = [
     "ActorFailedError",
     "ActorTimeoutError",
+    "ClusterLostError",
     "DriftRecord",
     "HeadConsolidationActor",
     "LearnerActor",

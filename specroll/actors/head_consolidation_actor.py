@@ -22,6 +22,7 @@ import torch
 
 from specroll.models.flat_weights import FlatWeights
 from specroll.rollout.stats import TreeStats
+from specroll.run_dir import SeesRunDir
 from specroll.speculation import HorizonHeads, SpeculationConfig
 from specroll.speculation.adaptation.consolidation import HeadConsolidator
 from specroll.speculation.adaptation.drift import merge_telemetry
@@ -121,7 +122,7 @@ class HeadsStepStats:
         return metrics
 
 
-class HeadConsolidationActor:
+class HeadConsolidationActor(SeesRunDir):
     """Holds the current `HeadsState`, keeps the latest drift records, pushes heads to rollout
     actors, and runs the slow path when the run's adaptation has one.
 

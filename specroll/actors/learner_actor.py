@@ -21,6 +21,7 @@ from specroll.learner.checkpoint import ResumeState
 from specroll.learner.grpo_learner import free_port
 from specroll.models import resolve_dtype
 from specroll.models.flat_weights import FlatWeights
+from specroll.run_dir import SeesRunDir
 from specroll.speculation.drafting.heads_state import HeadsState
 
 from .batch import Rollouts
@@ -58,7 +59,7 @@ class VersionedWeights(NamedTuple):
     weights: FlatWeights | None  # in the rollout replicas' dtype on rank 0; None on the other ranks
 
 
-class LearnerActor:
+class LearnerActor(SeesRunDir):
     """One learner rank. `setup` joins the process group and builds the `GRPOLearner`."""
 
     def __init__(self, cfg: TrainConfig, rank: int, world_size: int) -> None:
@@ -120,10 +121,11 @@ class LearnerActor:
         return [lp.tolist() for lp in self.learner.compute_logprobs(samples)]
 
     def save(self, root: str, step: int, data_position: dict, heads: HeadsState | None, wandb_run_id: str | None,
-             run_config: dict, keep_last: int, drafter: list | None = None) -> str:
+             run_config: dict, keep_last: int, drafter: list | None = None, draft_history: list | None = None) -> str:
         """Write the run checkpoint for `step` (completed steps) under `root`; returns its path."""
         path = save_checkpoint(self.learner, root, step, data_position=data_position, heads=heads,
-                               wandb_run_id=wandb_run_id, run_config=run_config, keep_last=keep_last, drafter=drafter)
+                               wandb_run_id=wandb_run_id, run_config=run_config, keep_last=keep_last, drafter=drafter,
+                               draft_history=draft_history)
         return str(path)
 
     def restore(self, path: str) -> ResumeState:

@@ -19,10 +19,12 @@ import torch
 from specroll.configs import TrainConfig, validate_against_model
 from specroll.data import Problem, format_prompt, score_responses
 from specroll.decoders import build_decoder
+from specroll.eval.evaluation import EvalPlan, ProblemEval, evaluate_problems
 from specroll.fastgrpo.online import OnlineDrafterLearner
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
 from specroll.models.flat_weights import FlatWeights
 from specroll.rollout import GenerationStats, RolloutEngine
+from specroll.run_dir import SeesRunDir
 from specroll.speculation import HorizonHeads
 from specroll.speculation.drafting.heads_state import HeadsState
 
@@ -40,7 +42,7 @@ class ReplicaVersions:
     heads: int | None  # its draft heads' version; None without horizon heads
 
 
-class RolloutActor:
+class RolloutActor(SeesRunDir):
     """Generates and scores its shard of each step's prompts.
 
     Args:
@@ -53,7 +55,7 @@ class RolloutActor:
         use_cpus(cfg.cluster.cpus_per_rollout_actor)
         self.cfg, self.index, self.consolidation = cfg, index, consolidation
         model, tokenizer = replace(cfg.model, device=actor_device(cfg.model.device)).load(seed=cfg.seed)
-        validate_against_model(cfg, model.config)
+        validate_against_model(cfg, model.config.max_position_embeddings)
         if tokenizer is None:
             raise ValueError("model.tokenizer must be set: prompts are formatted and responses scored as text")
         self.model, self.tokenizer = model, tokenizer
@@ -114,6 +116,20 @@ class RolloutActor:
             raise ValueError("this rollout actor learns no FastGRPO drafter online (rollout.mode, rollout.fastgrpo.online)")
         self.drafter_learner.load_state_dict(state)
 
+    def draft_history_state(self) -> dict | None:
+        """The earlier responses history lookup keeps, per prompt, as plain lists; None when it is off."""
+        return self.engine.decoder.suffix.history_state() if self.keeps_draft_history else None
+
+    def load_draft_history_state(self, state: dict) -> None:
+        """Resume history lookup from `draft_history_state()`'s output (a checkpoint's)."""
+        if not self.keeps_draft_history:
+            raise ValueError("this rollout actor keeps no draft history (rollout.mode, rollout.speculation.history_lookup)")
+        self.engine.decoder.suffix.load_history_state(state)
+
+    @property
+    def keeps_draft_history(self) -> bool:
+        return self.cfg.rollout.speculates and self.cfg.rollout.speculation.history_lookup
+
     def generate(self, step: int, policy_version: int, problems: list[tuple[int, Problem]]) -> Rollouts:
         """Responses to `problems` (each with its index in the step's batch) and their rewards."""
         if self.policy_version != policy_version:
@@ -129,6 +145,8 @@ class RolloutActor:
         out = self.engine.generate(prompts, params, prompt_keys=[prompt_key(step, i) for i, _ in problems])
         generated = time.perf_counter()
         self.last_stats = out.stats
+        if self.keeps_draft_history:
+            self.engine.decoder.remember_responses(prompts, out.token_ids, params.n)
         texts = self.tokenizer.batch_decode(out.token_ids, skip_special_tokens=True)
         golds = [problem.answer for _, problem in problems for _ in range(params.n)]
         scores = score_responses(texts, golds, self.cfg.data.reward)
@@ -164,6 +182,13 @@ class RolloutActor:
             gen_s=generated - started,
             reward_s=scored - generated,
         )
+
+    def evaluate(self, problems: list[tuple[int, Problem]], plan: EvalPlan) -> list[ProblemEval]:
+        """One batch of held-out problems (each with its index in the held-out set), answered by the
+        policy this replica holds; nothing of it reaches the heads or the step's telemetry."""
+        use_threads(self.threads)
+        return evaluate_problems(self.engine, self.tokenizer, problems, self.cfg.data.instruction,
+                                 self.cfg.data.reward, plan)
 
     @torch.inference_mode()
     def response_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:

@@ -1,7 +1,8 @@
 """The actors of one training run, as the driver sees them: one method per phase of a step.
 
 Every call waits with `cluster.remote_timeout_s` and names the actor that failed
-("rollout actor 1", "learner rank 0", "head-consolidation actor").
+("rollout actor 1", "learner rank 0", "head-consolidation actor"), by the dead actor's id: a
+learner's save waiting on the consolidation actor's heads names the consolidation actor.
 """
 from __future__ import annotations
 
@@ -14,14 +15,16 @@ import torch
 
 from specroll.configs import TrainConfig
 from specroll.data import Problem
+from specroll.eval.evaluation import EvalPlan, ProblemEval, batches
 from specroll.learner.checkpoint import ResumeState
+from specroll.speculation.drafting.suffix_drafts import merged_history
 from specroll.telemetry import metric_names as m
 
 from .batch import Rollouts, split_groups
 from .head_consolidation_actor import DriftRecord, HeadConsolidationActor
 from .learner_actor import LearnerActor, LearnerUpdate
 from .placement import as_remote
-from .remote_calls import gather
+from .remote_calls import actor_names, gather
 from .rollout_actor import RolloutActor
 
 CONSOLIDATION = "head-consolidation actor"
@@ -52,6 +55,8 @@ class RunActors:
     def __init__(self, cfg: TrainConfig, rollout: list, learners: list, consolidation) -> None:
         self.cfg, self.timeout_s = cfg, cfg.cluster.remote_timeout_s
         self.rollout, self.learners, self.consolidation = rollout, learners, consolidation
+        self.names = actor_names({**{rollout_name(i): a for i, a in enumerate(rollout)},
+                                  **{learner_name(r): a for r, a in enumerate(learners)}, CONSOLIDATION: consolidation})
         self.learner_version: int | None = None
         self.rollout_version: int | None = None
 
@@ -61,10 +66,11 @@ class RunActors:
         c = cfg.cluster
         spec = cfg.rollout.speculation if cfg.rollout.speculates else None
         # Its head updates overlap the learner's: no CPU reserved, a GPU (share) where configured.
-        consolidation = (as_remote(HeadConsolidationActor, 0, c.gpus_per_consolidation_actor).remote(
-            c.remote_timeout_s, spec) if spec is not None else None)
-        rollout_cls = as_remote(RolloutActor, c.cpus_per_rollout_actor, c.gpus_per_rollout_actor)
-        learner_cls = as_remote(LearnerActor, c.cpus_per_learner, c.gpus_per_learner)
+        consolidation = (as_remote(HeadConsolidationActor, 0, c.gpus_per_consolidation_actor,
+                                   c.consolidation_resources).remote(c.remote_timeout_s, spec)
+                         if spec is not None else None)
+        rollout_cls = as_remote(RolloutActor, c.cpus_per_rollout_actor, c.gpus_per_rollout_actor, c.rollout_resources)
+        learner_cls = as_remote(LearnerActor, c.cpus_per_learner, c.gpus_per_learner, c.learner_resources)
         actors = cls(
             cfg,
             [rollout_cls.remote(cfg, i, consolidation) for i in range(c.num_rollout_actors)],
@@ -80,17 +86,29 @@ class RunActors:
 
     def wait_until_ready(self) -> None:
         what = "start-up (a hang here can mean the Ray cluster lacks the CPUs / GPUs that cluster.* asks for)"
-        address, = gather([(learner_name(0), self.learners[0].master_address.remote())], what, self.timeout_s)
+        address, = self.wait([(learner_name(0), self.learners[0].master_address.remote())], what)
         calls = [(learner_name(r), learner.setup.remote(address.host, address.port))
                  for r, learner in enumerate(self.learners)]
         calls += [(rollout_name(i), actor.versions.remote()) for i, actor in enumerate(self.rollout)]
-        self.learner_version = gather(calls, what, self.timeout_s)[0]
+        self.learner_version = self.wait(calls, what)[0]
         if self.consolidation is not None:
-            gather([(CONSOLIDATION, self.consolidation.attach.remote(self.rollout))], what, self.timeout_s)
+            self.wait([(CONSOLIDATION, self.consolidation.attach.remote(self.rollout))], what)
             # Every replica built the same initial heads; rollout actor 0's become the versioned reference.
             initial = self.rollout[0].heads_state.remote()
-            gather([(CONSOLIDATION, self.consolidation.set_heads.remote(initial))], "set_heads (initial heads)",
-                   self.timeout_s)
+            self.wait([(CONSOLIDATION, self.consolidation.set_heads.remote(initial))], "set_heads (initial heads)")
+
+    def wait(self, calls: list, what: str, on_result: Callable | None = None) -> list:
+        """`gather` with the run's timeout, naming whichever of the run's actors died."""
+        return gather(calls, what, self.timeout_s, on_result, self.names)
+
+    def check_run_dir(self, run_dir: str, token: str) -> None:
+        """Every actor reads the token the driver wrote into `run_dir`: all of them see the same storage."""
+        calls = [(rollout_name(i), actor.check_run_dir.remote(run_dir, token)) for i, actor in enumerate(self.rollout)]
+        calls += [(learner_name(r), learner.check_run_dir.remote(run_dir, token))
+                  for r, learner in enumerate(self.learners)]
+        if self.consolidation is not None:
+            calls.append((CONSOLIDATION, self.consolidation.check_run_dir.remote(run_dir, token)))
+        gather(calls, f"check_run_dir ({run_dir})", self.timeout_s)
 
     def sync_policy(self) -> int:
         """Give every rollout actor the learner's current weights unless they hold them already.
@@ -102,13 +120,12 @@ class RunActors:
         if self.rollout_version == self.learner_version:
             return self.rollout_version
         published = [learner.policy_weights.options(num_returns=2).remote() for learner in self.learners]
-        versions = gather([(learner_name(r), version) for r, (version, _) in enumerate(published)],
-                          "policy_weights", self.timeout_s)
+        versions = self.wait([(learner_name(r), version) for r, (version, _) in enumerate(published)], "policy_weights")
         version, weights = versions[0], published[0][1]
         calls = [(rollout_name(i), actor.load_policy.remote(version, weights)) for i, actor in enumerate(self.rollout)]
         if self.slow_path:
             calls.append((CONSOLIDATION, self.consolidation.load_policy.remote(version, weights)))
-        gather(calls, f"load_policy (policy version {version})", self.timeout_s)
+        self.wait(calls, f"load_policy (policy version {version})")
         self.rollout_version = version
         return version
 
@@ -123,7 +140,7 @@ class RunActors:
     def collect_rollouts(self, pending: PendingRollouts,
                          on_shard: Callable[[Rollouts], None] | None = None) -> Rollouts:
         """The step's rollouts, in prompt order; `on_shard` sees each actor's shard as it lands."""
-        return Rollouts.concat(gather(pending.calls, f"generate (step {pending.step})", self.timeout_s, on_shard))
+        return Rollouts.concat(self.wait(pending.calls, f"generate (step {pending.step})", on_shard))
 
     @property
     def slow_path(self) -> bool:
@@ -142,7 +159,7 @@ class RunActors:
         if pending is None:
             return 0.0
         started = time.perf_counter()
-        gather([(CONSOLIDATION, pending.call)], f"consolidate (step {pending.step})", self.timeout_s)
+        self.wait([(CONSOLIDATION, pending.call)], f"consolidate (step {pending.step})")
         return time.perf_counter() - started
 
     def train(self, rollouts: Rollouts) -> LearnerUpdate:
@@ -150,37 +167,59 @@ class RunActors:
         shards = split_groups(len(rollouts), len(self.learners))
         calls = [(learner_name(r), learner.train.remote(rollouts.select(shard)))
                  for r, (learner, shard) in enumerate(zip(self.learners, shards))]
-        results = gather(calls, f"train (step {rollouts.step})", self.timeout_s)
+        results = self.wait(calls, f"train (step {rollouts.step})")
         update = LearnerUpdate.of_ranks(results)
         self.learner_version = int(update.metrics[m.POLICY_VERSION])
         return update
+
+    def evaluate(self, problems: list[Problem], plan: EvalPlan, batch_size: int) -> list[ProblemEval]:
+        """The held-out `problems` answered by the rollout actors' current policy, in order: fixed
+        batches of `batch_size`, dealt round-robin, so the results do not depend on the actor count."""
+        calls = [(rollout_name(i % len(self.rollout)), self.rollout[i % len(self.rollout)].evaluate.remote(batch, plan))
+                 for i, batch in enumerate(batches(problems, batch_size))]
+        return [result for batch in gather(calls, f"evaluate (policy version {self.rollout_version})", self.timeout_s)
+                for result in batch]
 
     def save(self, root: str, step: int, data_position: dict, wandb_run_id: str | None, run_config: dict,
              keep_last: int) -> str:
         """A complete checkpoint of `step` finished steps: learner ranks, data position, heads, W&B id, config."""
         heads = self.consolidation.heads.remote() if self.consolidation is not None else None
         drafter = self.rollout_call("drafter_state") if self.learns_drafter else None
+        history = self.rollout_call("draft_history_state") if self.keeps_draft_history else None
         calls = [(learner_name(r), learner.save.remote(root, step, data_position, heads if r == 0 else None,
-                                                      wandb_run_id, run_config, keep_last, drafter if r == 0 else None))
+                                                      wandb_run_id, run_config, keep_last, drafter if r == 0 else None,
+                                                      history if r == 0 else None))
                  for r, learner in enumerate(self.learners)]
-        return gather(calls, f"save_checkpoint (step {step})", self.timeout_s)[0]
+        return self.wait(calls, f"save_checkpoint (step {step})")[0]
 
     def restore(self, path: str) -> ResumeState:
         """Load checkpoint `path` into every learner rank and its heads into the consolidation
         actor; returns rank 0's record."""
         calls = [(learner_name(r), learner.restore.remote(path)) for r, learner in enumerate(self.learners)]
-        resumed = gather(calls, f"load_checkpoint ({path})", self.timeout_s)[0]
+        resumed = self.wait(calls, f"load_checkpoint ({path})")[0]
         self.learner_version = resumed.policy_version
         if resumed.heads is not None and self.consolidation is not None:
-            gather([(CONSOLIDATION, self.consolidation.set_heads.remote(resumed.heads))],
-                   "set_heads (checkpointed heads)", self.timeout_s)
+            self.wait([(CONSOLIDATION, self.consolidation.set_heads.remote(resumed.heads))], "set_heads (checkpointed heads)")
         if resumed.drafter is not None and self.learns_drafter:
             states = resumed.drafter
             # Each actor resumes its own drafter; with another actor count, all take actor 0's.
             calls = [(rollout_name(i), actor.load_drafter_state.remote(states[i if len(states) == len(self.rollout) else 0]))
                      for i, actor in enumerate(self.rollout)]
-            gather(calls, "load_drafter_state (checkpointed FastGRPO drafters)", self.timeout_s)
+            self.wait(calls, "load_drafter_state (checkpointed FastGRPO drafters)")
+        if resumed.draft_history is not None and self.keeps_draft_history:
+            states = resumed.draft_history
+            # Each actor resumes its own history; with another actor count, prompts move between
+            # actors, so each takes every actor's (its own bounds keep the newest).
+            merged = None if len(states) == len(self.rollout) else merged_history(states)
+            calls = [(rollout_name(i), actor.load_draft_history_state.remote(states[i] if merged is None else merged))
+                     for i, actor in enumerate(self.rollout)]
+            self.wait(calls, "load_draft_history_state (checkpointed history lookup)")
         return resumed
+
+    @property
+    def keeps_draft_history(self) -> bool:
+        """Speculation with history lookup: each rollout actor keeps earlier responses per prompt."""
+        return self.cfg.rollout.speculates and self.cfg.rollout.speculation.history_lookup
 
     @property
     def learns_drafter(self) -> bool:
@@ -191,27 +230,26 @@ class RunActors:
         """timing_s/head_sync and heads/* since the last call (`HeadsStepStats`); empty without speculation."""
         if self.consolidation is None:
             return {}
-        stats = gather([(CONSOLIDATION, self.consolidation.step_stats.remote())], "step_stats", self.timeout_s)[0]
+        stats = self.wait([(CONSOLIDATION, self.consolidation.step_stats.remote())], "step_stats")[0]
         return stats.metrics()
 
     def publish_heads(self, state: dict[str, torch.Tensor]) -> int:
         """New draft-head weights for every rollout actor; returns their version."""
-        return gather([(CONSOLIDATION, self.consolidation.publish_heads.remote(state))], "publish_heads",
-                      self.timeout_s)[0]
+        return self.wait([(CONSOLIDATION, self.consolidation.publish_heads.remote(state))], "publish_heads")[0]
 
     def drift_history(self) -> list[DriftRecord]:
-        return gather([(CONSOLIDATION, self.consolidation.drift_history.remote())], "drift_history", self.timeout_s)[0]
+        return self.wait([(CONSOLIDATION, self.consolidation.drift_history.remote())], "drift_history")[0]
 
     def rollout_call(self, method: str, *args) -> list:
         """`method(*args)` on every rollout actor (e.g. `versions`, `response_logprobs`), in actor order."""
         calls = [(rollout_name(i), getattr(actor, method).remote(*args)) for i, actor in enumerate(self.rollout)]
-        return gather(calls, method, self.timeout_s)
+        return self.wait(calls, method)
 
     def learner_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """Log-probs of given responses under the learner's policy (every rank computes; rank 0's)."""
         calls = [(learner_name(r), learner.response_logprobs.remote(prompt_ids, response_ids))
                  for r, learner in enumerate(self.learners)]
-        return gather(calls, "response_logprobs", self.timeout_s)[0]
+        return self.wait(calls, "response_logprobs")[0]
 
     def shutdown(self) -> None:
         for actor in [*self.rollout, *self.learners, self.consolidation]:

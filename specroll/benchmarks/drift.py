@@ -31,7 +31,7 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -63,32 +63,27 @@ class Snapshot:
 def load_snapshot(spec: str, dtype: str, device: str):
     """A checkpoint directory of a run (its policy weights on the run's model), or anything
     `load_causal_lm` takes. Returns (model, tokenizer)."""
-    from ..configs.sections import ModelSection
-    from ..learner.checkpoint import COMPLETE_MARKER, policy_weights
+    from ..eval.policy import checkpoint_model, read_checkpoint_policy
+    from ..learner.checkpoint import COMPLETE_MARKER
 
     path = Path(spec).expanduser()
     if not (path / COMPLETE_MARKER).is_file():
         return load_causal_lm(str(path) if path.exists() else spec, dtype=dtype, device=device)
-    saved, weights = policy_weights(path)
-    section = saved["run"].get("model") or {"name": saved["model"]["name"]}
-    model, tokenizer = ModelSection(**{**section, "dtype": dtype, "device": device}).load()
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    # A tied LM head is one tensor saved under either name.
-    if unexpected or set(missing) - {"lm_head.weight"}:
-        raise ValueError(f"checkpoint {path} does not fit {section['name']}: missing {missing}, "
-                         f"unexpected {unexpected}")
-    return model, tokenizer
+    policy = read_checkpoint_policy(path)
+    return checkpoint_model(policy, replace(policy.model_section, dtype=dtype, device=device))
+
+
+def peaked_tiny_model(seed: int):
+    """A random 2-layer model with peaked next-token distributions."""
+    model = build_tiny_model(vocab_size=TINY_VOCAB, init_std=0.15, seed=seed).requires_grad_(False)
+    model.norm.weight.mul_(TINY_LOGIT_SCALE)
+    return model
 
 
 def tiny_snapshots(count: int) -> list[Snapshot]:
-    """A random 2-layer model with peaked next-token distributions, then weight interpolations
-    from it to another such model (the last snapshot): a drift as large as a policy change gets."""
-    def peaked(seed: int):
-        model = build_tiny_model(vocab_size=TINY_VOCAB, init_std=0.15, seed=seed).requires_grad_(False)
-        model.norm.weight.mul_(TINY_LOGIT_SCALE)
-        return model
-
-    start, end = peaked(3), peaked(4)
+    """A peaked tiny model, then weight interpolations from it to another such model (the last
+    snapshot): a drift as large as a policy change gets."""
+    start, end = peaked_tiny_model(3), peaked_tiny_model(4)
     snapshots = []
     for i in range(count):
         alpha = i / (count - 1)

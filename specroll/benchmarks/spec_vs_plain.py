@@ -12,10 +12,9 @@ Where the budget decodes plain, the speculative engine scores would-be trees (`w
 tokens per verify pass its drafts would have carried, speculation/verification/would_be.py);
 `--would-be-off-engine` also times it with would-be trees off (`wb/off`: the ratio of the two).
 
-For every speculative run we also report the oracle bound: the tokens per verify step that
-a drafter knowing the policy's exact next-token distributions along the sampled responses
-would get with the same per-step node budgets (best-N tree from those distributions, with
-siblings off the sampled path treated as leaves since their own children are unknown).
+For every speculative run we also report the oracle bound (benchmarks/oracle.py): the tokens
+per verify step that a drafter knowing the policy's exact next-token distributions along the
+sampled responses would get with the same per-step node budgets.
 
     python -m specroll.benchmarks.spec_vs_plain [--policy smollm2-135m-instruct] [--heads shipped]
         [--concurrency 1 8 32] [--grpo 8x8] [--max-new-tokens 256] [--json out.json]
@@ -36,60 +35,9 @@ from tqdm.auto import tqdm
 from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 
 from ..models import load_causal_lm, synchronize
-from ..rollout import RolloutEngine, SamplingParams, sampling_logprobs
+from ..rollout import RolloutEngine, SamplingParams
 from .engine_vs_hf import DEFAULT_GSM8K, load_prompts
-
-ORACLE_TOP = 64  # sibling candidates considered per position
-
-
-@torch.inference_mode()
-def oracle_tokens_per_step(model, prompts, out, params: SamplingParams, budgets: list[int], max_depth: int) -> float:
-    """Tokens per verify step of a perfect drafter under the run's per-step budgets."""
-    emitted, steps = 0, 0
-    for row, response in enumerate(out.token_ids):
-        prompt = prompts[row // params.n]
-        if len(response) < 2:
-            continue
-        ids = torch.tensor([prompt + response], device=next(model.parameters()).device)
-        logp = sampling_logprobs(model(ids).logits[0, len(prompt) - 1 : -1], params).float()  # P_j for r_j
-        # On the CPU: the walk below reads single elements thousands of times (a sync each on a GPU).
-        realised = logp.gather(1, torch.tensor(response, device=logp.device)[:, None]).squeeze(1).exp().cpu()
-        top = logp.topk(ORACLE_TOP, dim=1).values.exp().cpu()
-        i, step = 0, 0  # root = r_i (already emitted); the tree predicts r_{i+1} ...
-        while i < len(response) - 1:
-            n = budgets[min(step, len(budgets) - 1)]
-            accepted = oracle_accepted(realised, top, i, n - 1, max_depth)
-            emitted += accepted + 1
-            steps += 1
-            i += accepted + 1
-            step += 1
-    return emitted / max(steps, 1)
-
-
-def oracle_accepted(realised: torch.Tensor, top: torch.Tensor, i: int, drafts: int, max_depth: int) -> int:
-    """How many on-path nodes a best-`drafts` tree built from exact probabilities contains.
-
-    A node ranks behind its ancestors and behind the siblings of its path that score higher;
-    the siblings' own descendants (and siblings beyond ORACLE_TOP) are not counted, so this
-    errs high: a ceiling, as a bound should."""
-    chain = 1.0
-    for d in range(1, min(max_depth, len(realised) - 1 - i) + 1):
-        chain_d = chain * float(realised[i + d])
-        # Candidates ranked above node d: its d-1 ancestors plus siblings that score higher.
-        better = d - 1
-        ancestor = 1.0
-        for e in range(1, d + 1):
-            threshold = chain_d / ancestor
-            probs = top[i + e]
-            count = int((probs > threshold).sum())
-            if float(realised[i + e]) > threshold:
-                count -= 1  # the on-path token itself is not a sibling
-            better += count
-            ancestor *= float(realised[i + e])
-        if better >= drafts:
-            return d - 1
-        chain = chain_d
-    return min(max_depth, len(realised) - 1 - i)
+from .oracle import oracle_tokens_per_step
 
 
 def repeat_ratio_se(pairs: list[tuple[float, float]]) -> float | None:
@@ -135,6 +83,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="speculation.would_be_every: a would-be tree every this many plain steps (0: off)")
     ap.add_argument("--would-be-off-engine", action="store_true",
                     help="also time the speculative engine with would-be trees off (wb/off column)")
+    ap.add_argument("--no-head-drafts", action="store_true", help="draft the lookups' chains only (the root still verifies)")
+    ap.add_argument("--sibling-lookup", action="store_true", help="also draft from the group siblings' text so far")
+    ap.add_argument("--history-lookup", action="store_true",
+                    help="also draft from earlier responses to the prompt: each repeat's responses are kept for the next")
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 32])
     ap.add_argument("--grpo", default="8x8", help="prompts x responses, or '' to skip")
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -165,6 +117,8 @@ def run(args: argparse.Namespace) -> dict:
     spec = SpeculationConfig(head_type=args.head_type, heads_path=heads_path, budget=args.budget,
                       fixed_nodes=min(args.fixed_nodes, args.max_nodes), max_nodes=args.max_nodes,
                       capacity=args.capacity, context_lookup=not args.no_context_lookup,
+                      head_drafts=not args.no_head_drafts, sibling_lookup=args.sibling_lookup,
+                      history_lookup=args.history_lookup,
                       sync_free_trees={"auto": None, "on": True, "off": False}[args.sync_free_trees],
                       would_be_every=args.would_be_every)
     modes = [("eager", False)] * (not args.no_eager) + [("compiled", True)] * args.compile
@@ -221,6 +175,7 @@ def run(args: argparse.Namespace) -> dict:
                 off_out, off_wall = calls[engines[-1]]
                 off_pairs.append((off_out.stats.tokens / off_wall, calls[spec_engine][0].stats.tokens / calls[spec_engine][1]))
             (plain_out, plain_wall), (out, wall) = calls[plain_engine], calls[spec_engine]
+            spec_engine.decoder.remember_responses(prompts, out.token_ids, n)  # history lookup's, for the next repeat
             pairs.append((plain_out.stats.tokens / plain_wall, out.stats.tokens / wall))
             same += sum(a == b for a, b in zip(plain_out.token_ids, out.token_ids))
             responses += len(out.token_ids)
@@ -250,6 +205,7 @@ def run(args: argparse.Namespace) -> dict:
             "decode_speedup": (spec_tok / (spec_t - spec_prefill)) / (plain_tok / (plain_t - plain_prefill)),
             "same_responses": same / responses,
             "tokens_per_step": sum(per_step) / len(per_step),
+            "tokens_per_step_by_repeat": per_step,
             "oracle_tokens_per_step": sum(oracle) / len(oracle),
             "would_be_tokens_per_step": sum(would_be) / len(would_be) if would_be else None,
             # The speculative engine with would-be trees against itself without them.
@@ -272,7 +228,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.budget == "concurrency":
         budget += " (C_hw " + ", ".join(f"{c} {mode}" for mode, c in capacity.items()) + ")"
     print(f"\npolicy {args.policy}, heads {heads_path or 'untrained ' + args.head_type}, budget {budget}, "
-          f"context lookup {'off' if args.no_context_lookup else 'on'}, prompts from {source}, device {device}, {args.dtype}, "
+          f"context lookup {'off' if args.no_context_lookup else 'on'}, "
+          f"sibling lookup {'on' if args.sibling_lookup else 'off'}, history lookup {'on' if args.history_lookup else 'off'}, "
+          f"head drafts {'off' if args.no_head_drafts else 'on'}, prompts from {source}, device {device}, {args.dtype}, "
           f"temperature {args.temperature}, top_p {args.top_p}, sync-free trees {args.sync_free_trees}")
     print(f"{'setting':>16} {'step':>8} {'plain tok/s':>11} {'spec tok/s':>10} {'ratio':>6} {'± s.e.':>6} {'decode':>6} "
           f"{'tok/step':>8} {'would-be':>8} {'wb/off':>6} {'oracle':>7} {'drafting':>8} {'lookup':>6} {'same':>5}  budget trace")

@@ -13,7 +13,14 @@ from typing import Any
 
 from specroll.data import INSTRUCTION, NUMERIC_FORMATS, PROBLEM_SOURCES, RecordFormat, RewardConfig, SyntheticConfig
 from specroll.fastgrpo import FastGRPOConfig
-from specroll.models import build_tiny_model, load_causal_lm, resolve_checkpoint, resolve_device, resolve_dtype
+from specroll.models import (
+    build_tiny_model,
+    load_causal_lm,
+    resolve_checkpoint,
+    resolve_device,
+    resolve_dtype,
+    tiny_config,
+)
 from specroll.models.config import SUPPORTED_MODEL_TYPES
 from specroll.models.loading import DTYPES
 from specroll.rollout import SamplingParams
@@ -21,6 +28,7 @@ from specroll.speculation import SpeculationConfig
 
 TINY_PREFIX = "tiny-"
 ROLLOUT_MODES = ("vanilla", "speculation", "fastgrpo")
+RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:
@@ -38,6 +46,14 @@ def check_number(name: str, value: Any, low: float, low_inclusive: bool = True) 
 def check_choice(name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def check_resources(name: str, resources: dict) -> None:
+    """Ray custom resources: named, positive amounts; CPUs and GPUs have fields of their own."""
+    for key, amount in resources.items():
+        if not isinstance(key, str) or not key or key in RAY_BUILTIN_RESOURCES:
+            raise ValueError(f"{name} names custom resources, not {key!r} (CPUs and GPUs have cpus_* / gpus_* fields)")
+        check_number(f"{name}.{key}", amount, 0.0, low_inclusive=False)
 
 
 def check_device(name: str, value: str) -> None:
@@ -79,15 +95,34 @@ class ModelSection:
         """`(CausalLM, tokenizer or None)` as this section describes them."""
         if self.tiny_type is None:
             return load_causal_lm(self.name, dtype=self.dtype, device=self.device)
-        tokenizer, sized_to_tokenizer = None, {}
-        if self.tokenizer is not None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(resolve_checkpoint(self.tokenizer))
+        tokenizer, sized_to_tokenizer = self.load_tokenizer(), {}
+        if tokenizer is not None:
             eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
             sized_to_tokenizer = dict(vocab_size=len(tokenizer), eos_token_ids=eos)
         model = build_tiny_model(self.tiny_type, seed=seed, **sized_to_tokenizer)
         return model.to(device=resolve_device(self.device), dtype=resolve_dtype(self.dtype)).eval(), tokenizer
+
+
+    def load_tokenizer(self):
+        """The tokenizer alone, without the weights: the model's own, or `tokenizer`'s for a tiny
+        model (None when it has none)."""
+        source = self.name if self.tiny_type is None else self.tokenizer
+        if source is None:
+            return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(resolve_checkpoint(source))
+
+    def context_length(self) -> int:
+        """The model's context window in tokens, read from its config alone (no weights)."""
+        if self.tiny_type is not None:
+            return tiny_config(self.tiny_type).max_position_embeddings
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(resolve_checkpoint(self.name)).max_position_embeddings
+
+
+LONG_PROMPTS = ("fail", "drop")  # data.long_prompts
 
 
 @dataclass
@@ -108,6 +143,9 @@ class DataSection:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # generator settings for synthetic
     prompts_per_step: int = 8  # problems per training step; each gets rollout.n responses
     shuffle: bool = True  # visit problems in a seeded shuffled order each epoch
+    # a prompt with no room for a whole response (learner.max_seq_len, the model's context): fail names
+    # the first one before the run starts; drop leaves all of them out of the run, with a count
+    long_prompts: str = "fail"
     reward: RewardConfig = field(default_factory=RewardConfig)  # reward function (number or math_verify) and weights
 
     def __post_init__(self) -> None:
@@ -121,10 +159,48 @@ class DataSection:
         if self.limit is not None:
             check_int("limit", self.limit, 1)
         check_int("prompts_per_step", self.prompts_per_step, 1)
+        check_choice("long_prompts", self.long_prompts, LONG_PROMPTS)
         answers = self.records.answer_format
         if self.name != "synthetic" and self.reward.function == "number" and answers not in NUMERIC_FORMATS:
             raise ValueError(f"reward.function 'number' compares numbers, but records.answer_format {answers!r} "
                              "gives LaTeX answers: use math_verify")
+
+
+@dataclass
+class EvalSection:
+    """The held-out evaluation (`eval_every`, `python -m specroll.eval`): which problems, and how pass@k samples."""
+
+    # The held-out split, read from data.path's folder or the hub; for synthetic problems: those drawn
+    # (same generator, same seed) after the training set's data.synthetic.num_problems
+    split: str = "test"
+    # A file, folder or hub name of held-out problems, read as data.records says; null: data.path at `split`
+    path: str | None = None
+    limit: int | None = 64  # evaluate the first `limit` held-out problems; null: all
+    samples: int = 0  # responses sampled per problem (rollout temperature, top-p, top-k) for pass@k; 0: greedy accuracy only
+    k: list[int] = field(default_factory=lambda: [1])  # report pass@k for each k (each <= samples) when samples > 0
+    # problems per generate call, in training and in `python -m specroll.eval` alike, so that the
+    # same weights give the same responses in both
+    batch_size: int = 16
+    seed: int = 0  # seeds the pass@k samples
+
+    def __post_init__(self) -> None:
+        if not self.split:
+            raise ValueError("split must be a non-empty string")
+        if self.path is not None and not self.path:
+            raise ValueError("path must be null or a non-empty path")
+        if self.limit is not None:
+            check_int("limit", self.limit, 1)
+        check_int("samples", self.samples, 0)
+        check_int("batch_size", self.batch_size, 1)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        self.k = list(self.k)
+        if self.samples and not self.k:
+            raise ValueError("k must name at least one k when samples > 0")
+        for k in self.k:
+            check_int("k", k, 1)
+            if self.samples and k > self.samples:
+                raise ValueError(f"k ({k}) must be <= samples ({self.samples}): pass@k draws k of the sampled responses")
 
 
 @dataclass
@@ -191,6 +267,11 @@ class ClusterSection:
     # CPU actors run the cores their phase leaves free (see specroll/actors/threads.py); false: one
     # thread per reserved CPU, far faster on a machine shared with other busy processes
     phase_threads: bool = True
+    # Ray custom resources each actor of a kind asks for, {name: amount}: it is placed on a node
+    # offering them (`ray start --resources='{"rollout": 1}'`); {} places it anywhere
+    rollout_resources: dict[str, float] = field(default_factory=dict)
+    learner_resources: dict[str, float] = field(default_factory=dict)  # each learner rank's
+    consolidation_resources: dict[str, float] = field(default_factory=dict)  # the head-consolidation actor's
 
     def __post_init__(self) -> None:
         check_int("num_rollout_actors", self.num_rollout_actors, 1)
@@ -205,3 +286,5 @@ class ClusterSection:
         if self.ray_address is not None and not self.ray_address:
             raise ValueError("ray_address must be null or a non-empty address")
         check_number("remote_timeout_s", self.remote_timeout_s, 0.0, low_inclusive=False)
+        for name in ("rollout_resources", "learner_resources", "consolidation_resources"):
+            check_resources(name, getattr(self, name))

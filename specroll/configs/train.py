@@ -3,7 +3,7 @@
 Three stages, each raising `ValueError` that names the dotted field:
 `load_train_config` checks types, unknown keys, each section's fields, the rules across
 sections and the files the config points to; `validate_against_model` adds the limits that
-only the loaded model knows (its context length).
+only the model knows (its context length).
 """
 from __future__ import annotations
 
@@ -16,11 +16,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from specroll.data import DATA_SUFFIXES, split_file
 from specroll.learner import MIN_KEEP_LAST, LearnerConfig
-from specroll.models import ModelConfig
 from specroll.models.loading import ALIASES, alias_path
 from specroll.telemetry.config import LoggerSection
 
-from .sections import TINY_PREFIX, ClusterSection, DataSection, ModelSection, RolloutSection, check_int
+from .sections import TINY_PREFIX, ClusterSection, DataSection, EvalSection, ModelSection, RolloutSection, check_int
 from .typed import build_dataclass
 
 RESUME_MODES = ("auto", "never")
@@ -38,9 +37,12 @@ class TrainConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)  # DeepSpeed, optimiser, GRPO loss
     cluster: ClusterSection = field(default_factory=ClusterSection)  # Ray actors and their resources
     logger: LoggerSection = field(default_factory=LoggerSection)  # W&B, JSONL, console
+    eval: EvalSection = field(default_factory=EvalSection)  # held-out problems and pass@k sampling
     seed: int = 0  # seeds prompt order, sampling and (through conf/) the learner's shuffling
     total_steps: int = 200  # training steps: rollout, reward, update, weight sync
     checkpoint_every: int = 50  # save a checkpoint every this many steps; 0 never saves
+    # evaluate the policy on the held-out problems (`eval`) every this many steps and after the last; 0 never
+    eval_every: int = 0
     keep_last: int = 3  # complete checkpoints kept (>= 2: one to fall back to); older ones are deleted
     resume: str = "auto"  # auto: newest checkpoint in run_dir if any; never: start fresh; or a checkpoint path
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl and wandb/ go here; relative to the launch directory
@@ -51,6 +53,7 @@ class TrainConfig:
         check_int("total_steps", self.total_steps, 1)
         check_int("checkpoint_every", self.checkpoint_every, 0)
         check_int("keep_last", self.keep_last, MIN_KEEP_LAST)
+        check_int("eval_every", self.eval_every, 0)
         if not self.resume:
             raise ValueError("resume must be 'auto', 'never' or a checkpoint path")
         if not self.run_dir:
@@ -142,6 +145,8 @@ def check_paths(cfg: TrainConfig) -> None:
                                  "nor a .json, .parquet or .arrow file of that split")
         elif looks_local(data.path, DATA_SUFFIXES) and not local.is_file():
             raise ValueError(f"data.path: file not found: {local}")
+    if cfg.eval_every:
+        check_held_out(cfg)
     heads = cfg.rollout.speculation.heads_path
     if cfg.rollout.mode == "speculation" and heads not in (None, "shipped") and not Path(heads).expanduser().is_file():
         raise ValueError(f"rollout.speculation.heads_path: file not found: {Path(heads).expanduser()}")
@@ -152,9 +157,30 @@ def check_paths(cfg: TrainConfig) -> None:
         raise ValueError(f"resume: checkpoint not found: {Path(cfg.resume).expanduser()} (or use 'auto' / 'never')")
 
 
-def validate_against_model(cfg: TrainConfig, model_config: ModelConfig) -> None:
-    """Limits that need the loaded model: every sequence must fit in its context window."""
-    context = model_config.max_position_embeddings
+def check_held_out(cfg: TrainConfig) -> None:
+    """The held-out problems must exist and differ from the training file."""
+    data, held_out = cfg.data, cfg.eval
+    if held_out.path is not None:
+        local = Path(held_out.path).expanduser()
+        if local.is_dir() and split_file(local, held_out.split) is None:
+            raise ValueError(f"eval.path: folder {local} has no {held_out.split}.jsonl (eval.split), "
+                             "nor a .json, .parquet or .arrow file of that split")
+        if not local.exists() and looks_local(held_out.path, DATA_SUFFIXES):
+            raise ValueError(f"eval.path: file not found: {local}")
+        return
+    if data.name == "synthetic" or data.path is None:
+        return
+    local = Path(data.path).expanduser()
+    if local.is_file():
+        raise ValueError(f"eval.path: data.path {local} is one file, the training problems; name a file of "
+                         "held-out problems, or give data.path as a folder of <split> files")
+    if local.is_dir() and split_file(local, held_out.split) is None:
+        raise ValueError(f"eval.split: folder {local} (data.path) has no {held_out.split} file; set eval.split "
+                         "or eval.path")
+
+
+def validate_against_model(cfg: TrainConfig, context: int) -> None:
+    """Limits that need the model's context window (`context` tokens): every sequence must fit in it."""
     where = f"the context of model.name {cfg.model.name!r} ({context} tokens)"
     rollout = cfg.rollout
     if rollout.mode != "vanilla":

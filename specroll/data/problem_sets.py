@@ -4,7 +4,9 @@ folder of split files, or a dataset on the Hugging Face hub."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from specroll.data.problems import Problem, take_first
@@ -12,9 +14,11 @@ from specroll.data.records import RecordFormat, problem_from_record
 
 # The `datasets` builder of each local file format, by suffix.
 BUILDERS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
+TEXT_SUFFIXES: tuple[str, ...] = (".jsonl", ".json")  # read as UTF-8 text
 DATA_SUFFIXES: tuple[str, ...] = tuple(BUILDERS)
 # What makes a missing path a missing file rather than a hub dataset name.
 LOCAL_PREFIXES: tuple[str, ...] = ("/", ".", "~")
+HUB_LOOKUP_TIMEOUT_S = 10.0  # one look-up of a hub dataset's name before loading it
 
 
 def looks_local(path_or_name: str) -> bool:
@@ -55,6 +59,17 @@ def _jsonl_lines(path: Path) -> list[tuple[int, str]]:
         return [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
 
 
+def _check_utf8(path: Path) -> None:
+    """Raise a ValueError naming the first line of a text file that is not UTF-8 (`datasets` names neither)."""
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}:{number}: not UTF-8 text (byte 0x{line[error.start]:02x} at column "
+                                 f"{error.start + 1}); save the file as UTF-8") from None
+
+
 def _raise_bad_line(path: Path) -> None:
     """Raise a ValueError naming the first line of a jsonl file that is not a JSON object."""
     for number, line in _jsonl_lines(path):
@@ -73,6 +88,8 @@ def _file_rows(path: Path) -> Iterable[dict]:
 
     if path.stat().st_size == 0:  # `datasets` fails on an empty file without naming it
         raise ValueError(f"{path} holds no problems: the file is empty")
+    if path.suffix in TEXT_SUFFIXES:
+        _check_utf8(path)
     try:
         return load_dataset(BUILDERS[path.suffix], data_files=str(path), split="train")
     except DatasetGenerationError as error:
@@ -81,13 +98,34 @@ def _file_rows(path: Path) -> Iterable[dict]:
         raise ValueError(f"{path}: unreadable ({error.__cause__ or error})") from error
 
 
-def _where(path: Path | None, name: str, split: str, index: int) -> str:
-    """Where the record at ``index`` is: a jsonl file's line, another file's record, a hub row."""
+def _hub_rows(name: str, subset: str | None, split: str) -> Iterable[dict]:
+    """The rows of hub dataset ``name``; one quick look-up first, so that a name the hub cannot
+    answer (a mistyped local path, no network) fails at once rather than after `datasets`' retries."""
+    from datasets import load_dataset
+    from huggingface_hub import HfApi, constants
+
+    not_local = f"{name!r} is not a local file or folder (none under {Path.cwd()})"
+    if not (constants.HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE") == "1"):
+        try:
+            HfApi().dataset_info(name, timeout=HUB_LOOKUP_TIMEOUT_S)
+        except Exception as error:  # the hub client raises many types (no network, no such repo, gated)
+            reason = str(error).splitlines()[0] if str(error) else ""
+            raise ValueError(f"{not_local}, nor a dataset the hub answers for "
+                             f"({type(error).__name__}: {reason})") from None
+    try:
+        return load_dataset(name, subset, split=split)
+    except (ConnectionError, FileNotFoundError) as error:
+        raise ValueError(f"{not_local}, and the hub dataset could not be read ({error})") from None
+
+
+def _record_places(path: Path | None, name: str, split: str) -> Callable[[int], str]:
+    """Where the record at an index is: a jsonl file's line, another file's record, a hub row."""
     if path is None:
-        return f"{name}[{split}] row {index}"
+        return lambda index: f"{name}[{split}] row {index}"
     if path.suffix == ".jsonl":
-        return f"{path}:{_jsonl_lines(path)[index][0]}"
-    return f"{path} record {index + 1}"
+        line_numbers = [number for number, _ in _jsonl_lines(path)]  # once: a record's line is its non-blank line
+        return lambda index: f"{path}:{line_numbers[index]}"
+    return lambda index: f"{path} record {index + 1}"
 
 
 def load_problem_set(
@@ -117,17 +155,16 @@ def load_problem_set(
     if path is not None:
         rows = _file_rows(path)
     else:
-        from datasets import load_dataset
-
-        rows = load_dataset(path_or_name, subset, split=split)
+        rows = _hub_rows(path_or_name, subset, split)
+    place = _record_places(path, path_or_name, split)
     problems = []
     for index, row in enumerate(rows):
         try:
             problem = problem_from_record(row, records)
         except ValueError as error:
-            raise ValueError(f"{_where(path, path_or_name, split, index)}: {error}") from None
+            raise ValueError(f"{place(index)}: {error}") from None
         if problem is not None:
-            problems.append(problem)
+            problems.append(replace(problem, source=place(index)))
     if not problems:
         levels = f" at levels {list(records.levels)} of field {records.level_field!r}" if records.levels else ""
         raise ValueError(f"{path or path_or_name} holds no problems{levels}")

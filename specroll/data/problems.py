@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -15,11 +15,14 @@ class Problem:
             (GSM8K, synthetic), or a LaTeX expression such as ``"\\frac{\\sqrt{3}}{2}"`` (MATH, DAPO).
         solution: a worked solution holding the answer (``#### <answer>`` or ``\\boxed{...}``), or
             the answer itself when the record has none.
+        source: where the problem was read ("train.jsonl:12", "data.parquet record 3", a hub row),
+            for messages about it; empty where it was generated. Not part of its identity.
     """
 
     question: str
     answer: str
     solution: str
+    source: str = field(default="", compare=False)
 
 
 def take_first(problems: list[Problem], limit: int | None) -> list[Problem]:

@@ -16,6 +16,22 @@ BOXED_INSTRUCTION = "Please reason step by step, and put your final answer withi
 _WARNED_NO_CHAT_TEMPLATE: weakref.WeakSet = weakref.WeakSet()
 
 
+def prompt_text(tokenizer, question: str, instruction: str = INSTRUCTION) -> str:
+    """The text of the prompt for ``question``, as :func:`format_prompt` tokenizes it.
+
+    Without a chat template: a plain ``Question: ...\\nAnswer:`` prompt, to which the tokenizer
+    adds its own special tokens (BOS); with one, the template's rendering, which holds them.
+    """
+    message = f"{question.strip()}\n\n{instruction}" if instruction else question.strip()
+    if tokenizer.chat_template is None:
+        return f"Question: {message}\nAnswer:"
+    # Rendering to text first sidesteps apply_chat_template(tokenize=True) returning a
+    # BatchEncoding in transformers 5.
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+    )
+
+
 def format_prompt(tokenizer, question: str, instruction: str = INSTRUCTION) -> list[int]:
     """Token ids of the prompt for ``question``, ending where the model's answer starts.
 
@@ -24,7 +40,7 @@ def format_prompt(tokenizer, question: str, instruction: str = INSTRUCTION) -> l
     without a chat template gets a plain ``Question: ...\\nAnswer:`` prompt instead, with a
     warning (once per tokenizer) since base models follow it less reliably.
     """
-    message = f"{question.strip()}\n\n{instruction}" if instruction else question.strip()
+    text = prompt_text(tokenizer, question, instruction)
     if tokenizer.chat_template is None:
         if tokenizer not in _WARNED_NO_CHAT_TEMPLATE:
             _WARNED_NO_CHAT_TEMPLATE.add(tokenizer)
@@ -34,10 +50,5 @@ def format_prompt(tokenizer, question: str, instruction: str = INSTRUCTION) -> l
                 stacklevel=2,
             )
         # No template wrote the special tokens, so let the tokenizer add its BOS if it has one.
-        return list(tokenizer(f"Question: {message}\nAnswer:")["input_ids"])
-    # Rendering to text first sidesteps apply_chat_template(tokenize=True) returning a
-    # BatchEncoding in transformers 5; the template already holds the special tokens.
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
-    )
+        return list(tokenizer(text)["input_ids"])
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

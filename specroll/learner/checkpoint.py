@@ -3,7 +3,8 @@
 A checkpoint `step_XXXXXXXX/` holds the DeepSpeed state (weights, optimizer, scheduler) of
 every rank, each rank's RNG states, and `state.json` with the step, policy version, data
 position, W&B run id and the resolved config; the draft-head weights go to `heads.pt`, the
-FastGRPO-style drafters' online-learning states (rollout=fastgrpo) to `drafter.pt`.
+FastGRPO-style drafters' online-learning states (rollout=fastgrpo) to `drafter.pt`, the
+rollout actors' earlier responses kept for history lookup to `draft_history.pt`.
 It is written as `step_XXXXXXXX.tmp/`, finished with a `COMPLETE` marker, fsynced (every file
 and directory) and renamed, so a crash or power loss mid-save leaves only a `.tmp` directory
 that `latest_checkpoint` never picks. Which checkpoints form the run's history, and which
@@ -51,6 +52,7 @@ from .lineage import (
 STATE_FILE = "state.json"
 HEADS_FILE = "heads.pt"
 DRAFTER_FILE = "drafter.pt"
+DRAFT_HISTORY_FILE = "draft_history.pt"
 DEEPSPEED_TAG = "deepspeed"
 # Fields that may change between save and resume without invalidating the saved state.
 MODEL_FIELDS_FREE_TO_CHANGE = ("eos_token_ids",)
@@ -167,6 +169,7 @@ class ResumeState:
     wandb_run_id: str | None
     config: dict[str, Any]
     drafter: list[dict[str, Any]] | None = None  # per rollout actor: its FastGRPO drafter's online-learning state
+    draft_history: list[dict[str, Any]] | None = None  # per rollout actor: its history lookup's responses
 
 
 def rank() -> int:
@@ -257,6 +260,7 @@ def save_checkpoint(
     run_config: dict[str, Any] | None = None,
     keep_last: int | None = 3,
     drafter: list[dict[str, Any]] | None = None,
+    draft_history: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write everything a run needs to resume at `step`; collective over the learner's ranks.
 
@@ -270,6 +274,7 @@ def save_checkpoint(
         run_config: the run's whole resolved config (JSON-able), kept for the record.
         keep_last: keep this many newest checkpoints (at least `MIN_KEEP_LAST`); None keeps all.
         drafter: per rollout actor, its FastGRPO drafter's state (anything `torch.save` takes).
+        draft_history: per rollout actor, the responses its history lookup keeps (`SuffixDrafts.history_state`).
     """
     if keep_last is not None and keep_last < MIN_KEEP_LAST:
         raise ValueError(f"keep_last must be >= {MIN_KEEP_LAST} or None, got {keep_last}: resuming falls back "
@@ -298,6 +303,8 @@ def save_checkpoint(
             heads.save(tmp / HEADS_FILE)
         if drafter is not None:
             torch.save(drafter, tmp / DRAFTER_FILE)
+        if draft_history is not None:
+            torch.save(draft_history, tmp / DRAFT_HISTORY_FILE)
         write_durably(tmp / COMPLETE_MARKER, CompletionMarker(step, file_records(tmp)).to_json())
         set_aside_from(final.parent, step)
         if not publish_directory(tmp, final):
@@ -351,6 +358,8 @@ def load_checkpoint(learner, path: str | Path, verify: bool = True) -> ResumeSta
     heads = HeadsState.load(heads_file) if heads_file.is_file() else None
     drafter_file = path / DRAFTER_FILE
     drafter = torch.load(drafter_file, weights_only=True) if drafter_file.is_file() else None
+    history_file = path / DRAFT_HISTORY_FILE
+    draft_history = torch.load(history_file, weights_only=True) if history_file.is_file() else None
     return ResumeState(
         path=path,
         step=int(state["step"]),
@@ -360,6 +369,7 @@ def load_checkpoint(learner, path: str | Path, verify: bool = True) -> ResumeSta
         wandb_run_id=state["wandb_run_id"],
         config=state["config"],
         drafter=drafter,
+        draft_history=draft_history,
     )
 
 
@@ -396,11 +406,14 @@ def export_hf(
     tokenizer,
     out_dir: str | Path,
 ) -> Path:
-    """Write a directory `transformers.AutoModelForCausalLM.from_pretrained` loads.
+    """Write a directory `transformers.AutoModelForCausalLM.from_pretrained` loads (config,
+    generation config with the policy's stop tokens, weights, and the tokenizer with its chat template).
 
     Weights keep their dtype and get HF names (`lm_head.weight` is left out when tied).
     Written to a temporary sibling and renamed, so `out_dir` is whole or absent.
     """
+    from transformers import GenerationConfig
+
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} exists and is not empty; export into a new directory")
@@ -419,6 +432,7 @@ def export_hf(
     tmp.mkdir()
     try:
         hf_config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(hf_config).save_pretrained(tmp)
         save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)

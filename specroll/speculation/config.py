@@ -21,8 +21,8 @@ ADAPTATION_MODES = ("static", "reflex", "slow", "both", "every_step")
 class SpeculationConfig:
     num_heads: int = 4  # H horizon heads = maximum tree depth
     head_type: str = "path"  # "path" (Hydra-style, reads the tree path) or "medusa"
-    # Trained heads file; "shipped" = SpecRoll's heads for this model (untrained if none ship);
-    # None = freshly initialised heads.
+    # Trained heads file; "shipped" = the heads for this model: DIR.heads.safetensors beside a model
+    # directory, else SpecRoll's shipped ones (untrained if none); None = freshly initialised heads.
     heads_path: str | None = "shipped"
     # Node budget policy: auto (concurrency on GPUs, cost_model on CPUs) | fixed | concurrency | cost_model.
     budget: str = "auto"
@@ -49,7 +49,16 @@ class SpeculationConfig:
     calibration_momentum: float = 0.95  # EMA of per-depth acceptance calibration
     # Also draft what followed the latest earlier occurrence of a row's last tokens (see speculation/drafting/lookup.py).
     context_lookup: bool = True
-    lookup_ngram: int = 3  # longest suffix matched by context lookup
+    lookup_ngram: int = 3  # longest suffix matched by context lookup (and by sibling and history lookup)
+    # Draft the horizon heads' paths; False: only the lookups' chains (the root still verifies).
+    head_drafts: bool = True
+    # Also draft what followed a row's last tokens in the text its group siblings generated so far,
+    # and in earlier responses to its prompt (speculation/drafting/suffix_drafts.py). Both read the
+    # rows' tokens on the host every tree step, so trees with either on are never sync-free.
+    sibling_lookup: bool = False
+    history_lookup: bool = False
+    history_tokens_per_prompt: int = 4096  # history lookup: tokens kept per prompt, oldest responses evicted first
+    history_tokens: int = 262144  # history lookup: tokens kept in all by one rollout actor, oldest evicted first
     profile_cache_len: int = 256  # cache length the hardware profile is measured at
     adaptation: str = "static"  # how drafts follow the moving policy: static | reflex | slow | both | every_step
     reflex: ReflexConfig = field(default_factory=ReflexConfig)  # Reflex knobs (adaptation reflex, both, every_step)
@@ -84,6 +93,13 @@ class SpeculationConfig:
             raise ValueError(f"speculation.min_gain must be >= 0, got {self.min_gain}")
         if self.lookup_ngram < 1:
             raise ValueError(f"speculation.lookup_ngram must be >= 1, got {self.lookup_ngram}")
+        if not (self.head_drafts or self.context_lookup or self.sibling_lookup or self.history_lookup):
+            raise ValueError("speculation.head_drafts is false and every lookup is off: nothing would be drafted")
+        if self.history_tokens_per_prompt < 1:
+            raise ValueError(f"speculation.history_tokens_per_prompt must be >= 1, got {self.history_tokens_per_prompt}")
+        if self.history_tokens < self.history_tokens_per_prompt:
+            raise ValueError(f"speculation.history_tokens ({self.history_tokens}) must be >= "
+                             f"speculation.history_tokens_per_prompt ({self.history_tokens_per_prompt})")
         if self.adaptation not in ADAPTATION_MODES:
             raise ValueError(f"speculation.adaptation must be one of {ADAPTATION_MODES}, got {self.adaptation!r}")
         if self.records_per_rollout < 1:
@@ -97,6 +113,11 @@ class SpeculationConfig:
     def scores_would_be(self) -> bool:
         """Whether plain steps score would-be trees (only budgets that may decode plain do)."""
         return self.would_be_every > 0 and self.fixed_nodes > 1 and self.budget != "fixed"
+
+    @property
+    def drafts_on_host(self) -> bool:
+        """Whether drafting reads the rows' tokens on the host or skips the heads (no sync-free trees)."""
+        return self.sibling_lookup or self.history_lookup or not self.head_drafts
 
     @property
     def uses_reflex(self) -> bool:

@@ -31,7 +31,8 @@ from .budgets.tree_gate import TreeGate
 from .config import SpeculationConfig
 from .drafting.heads import HorizonHeads, shipped_heads
 from .drafting.lookup import LookupAcceptance, LookupDrafts, add_lookup_candidates, lookup_drafts
-from .drafting.tree import Candidates, DraftTree, draft_candidates, select_tree
+from .drafting.suffix_drafts import SuffixChains, SuffixDrafts
+from .drafting.tree import Candidates, DraftTree, draft_candidates, no_candidates, select_tree
 from .verification.pass_counts import PassCounts
 from .verification.pass_stats import StepLog, tree_stats
 from .verification.sync_free_step import (
@@ -74,6 +75,7 @@ class DraftedTree(NamedTuple):
     budget: int
     candidates: Candidates | None  # the heads' and lookup's drafts; None in a plain step
     lookup: LookupDrafts | None  # each row's context lookup chain; None when off or plain
+    suffix: SuffixChains | None  # each row's sibling and history chains; None when both are off or plain
     tree: DraftTree | None  # the budget's best nodes of the candidates; None in a plain step
     roots: torch.Tensor  # [B] each row's last token before the pass
     hidden: torch.Tensor  # [B, H] the policy's hidden state at it, which the heads drafted from
@@ -98,6 +100,10 @@ class SpeculativeDecoder:
         self.reflex = Reflex(cfg.reflex, model.config.hidden_size) if cfg.uses_reflex else None
         self.would_be: WouldBeTrees | None = None  # set with the heads (trees as deep as they draft)
         self.plain_steps_since_would_be = 0
+        # The sibling and history sources; the history outlives generate calls (`remember_responses`).
+        self.suffix = (SuffixDrafts(cfg.sibling_lookup, cfg.history_lookup, cfg.lookup_ngram,
+                                    cfg.history_tokens_per_prompt, cfg.history_tokens, cfg.calibration_momentum,
+                                    cfg.num_heads, device) if cfg.sibling_lookup or cfg.history_lookup else None)
         self.set_heads(heads if heads is not None else initial_heads(model, cfg))
         self.budget = resolve_budget(cfg.budget, device.type)
         self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout,
@@ -149,6 +155,8 @@ class SpeculativeDecoder:
         if self.gate is not None:
             self.gate.reset()
         self.lookup_acceptance = LookupAcceptance(self.cfg.lookup_ngram, heads.num_heads, self.cfg.calibration_momentum, device)
+        if self.suffix is not None:
+            self.suffix.restart_estimates(heads.num_heads, self.cfg.calibration_momentum)
         self.reset_stats()  # counters per depth of these heads
 
     def reset_stats(self) -> None:
@@ -236,10 +244,10 @@ class SpeculativeDecoder:
     def drafted_tree(self, state: DecodeState) -> DraftedTree:
         """This step's drafts and the tree it verifies, sized by the node budget (1: a plain step)."""
         started = time.perf_counter()
-        drafts, cands, lookup = self.planned_step_drafts(state.live_rows), None, None
+        drafts, cands, lookup, suffix = self.planned_step_drafts(state.live_rows), None, None, None
         budget = 1 if drafts == 0 else drafts + 1
         if drafts > 0:
-            cands, lookup = self.draft(state, drafts)
+            cands, lookup, suffix = self.draft(state, drafts)
         if self.cost_model is not None:  # it planned the drafts; they pick N_t
             budget = self.cost_model.drafted(cands, drafts, state.last_tokens.shape[0], time.perf_counter() - started)
         if budget == 1:
@@ -249,20 +257,36 @@ class SpeculativeDecoder:
             if self.would_be is not None:  # drafts as deep as a would-be tree's serve as one
                 self.start_would_be(state, cands if drafts >= self.cfg.fixed_nodes - 1 else None)
         tree = select_tree(cands, budget - 1) if budget > 1 else None
-        return DraftedTree(budget, cands, lookup, tree, state.last_tokens, state.last_hidden)
+        return DraftedTree(budget, cands, lookup, suffix, tree, state.last_tokens, state.last_hidden)
 
-    def draft(self, state: DecodeState, max_drafts: int) -> tuple[Candidates, LookupDrafts | None]:
-        """The heads' candidates, plus each row's context lookup chain (None if off)."""
-        sketch = self.cfg.reflex.sketch_size if self.reflex is not None or self.records is not None else 0
-        adjust = None if self.reflex is None else self.reflex.correction(state)
-        cands = draft_candidates(self.heads, self.model, state.last_hidden, state.last_tokens, max_drafts,
-                                 (self.observed / self.predicted).log(), self.cfg.max_children, self.cfg.max_frontier,
-                                 adjust, sketch)
-        if not self.cfg.context_lookup:
-            return cands, None
-        history = state.history
-        lookup = lookup_drafts(history.tokens, history.lengths, self.cfg.lookup_ngram, min(self.heads.num_heads, max_drafts))
-        return add_lookup_candidates(cands, lookup, self.lookup_acceptance.step_logp(lookup)), lookup
+    def draft(self, state: DecodeState, max_drafts: int) -> tuple[Candidates, LookupDrafts | None, SuffixChains | None]:
+        """The heads' candidates (none with head_drafts off), plus each row's context lookup chain
+        and its sibling and history chains (None where off), each scored by its own estimates."""
+        depth = min(self.heads.num_heads, max_drafts)
+        if self.cfg.head_drafts:
+            sketch = self.cfg.reflex.sketch_size if self.reflex is not None or self.records is not None else 0
+            adjust = None if self.reflex is None else self.reflex.correction(state)
+            cands = draft_candidates(self.heads, self.model, state.last_hidden, state.last_tokens, max_drafts,
+                                     (self.observed / self.predicted).log(), self.cfg.max_children,
+                                     self.cfg.max_frontier, adjust, sketch)
+        else:
+            cands = no_candidates(state.last_tokens)
+        lookup = suffix = None
+        if self.cfg.context_lookup:
+            history = state.history
+            lookup = lookup_drafts(history.tokens, history.lengths, self.cfg.lookup_ngram, depth)
+            cands = add_lookup_candidates(cands, lookup, self.lookup_acceptance.step_logp(lookup))
+        if self.suffix is not None:
+            suffix = self.suffix.chains(state, depth)
+            for chain, step_logp in self.suffix.scored(suffix):
+                cands = add_lookup_candidates(cands, chain, step_logp)
+        return cands, lookup, suffix
+
+    def remember_responses(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> None:
+        """Keep a generate call's responses (prompt-major, `group_size` per prompt) for history
+        lookup (nothing when it is off)."""
+        if self.suffix is not None:
+            self.suffix.remember(prompts, responses, group_size)
 
     def start_would_be(self, state: DecodeState, cands: Candidates | None) -> None:
         """Before a plain step: a would-be tree of `fixed_nodes` nodes for the live rows that hold
@@ -274,7 +298,7 @@ class SpeculativeDecoder:
         started = time.perf_counter()
         drafts = self.cfg.fixed_nodes - 1
         if cands is None:
-            cands, _ = self.draft(state, drafts)
+            cands, _, _ = self.draft(state, drafts)
         tree = select_tree(cands, drafts)
         self.would_be.start(state.row_ids, tree, node_ranks(cands, tree), state.live)
         self.plain_steps_since_would_be = 0
@@ -347,6 +371,8 @@ class SpeculativeDecoder:
         emitted = verdict.counts * state.live  # finished rows waiting in the batch emit nothing
         lookup = drafted.lookup
         on_chain = None if lookup is None else self.lookup_acceptance.update(lookup, verdict.tokens, emitted)
+        if drafted.suffix is not None:
+            self.suffix.learn(drafted.suffix, verdict.tokens, emitted)
         self.step_log.budget_per_step.append(budget)
         if budget > 1:  # a plain step's one token per live row is counted in drafted_tree
             self.pass_counts.add_pass(verdict.counts, state.live, verdict.accepted_at_depth, on_chain)

@@ -1,8 +1,9 @@
 """The stable namespace of metric names: every metric SpecRoll logs is defined here, once.
 
-Six families: `rollout/*` (the step's responses), `speculation/*` (speculative decoding),
+Seven families: `rollout/*` (the step's responses), `speculation/*` (speculative decoding),
 `perf/*` (throughput), `timing_s/*` (seconds per phase of a step), `train/*` (the learner's
-update, emitted by `GRPOLearner.update`, and the step itself) and `heads/*` (draft-head consolidation). A name
+update, emitted by `GRPOLearner.update`, and the step itself), `heads/*` (draft-head consolidation)
+and `eval/*` (the held-out evaluation, on the steps `eval_every` names). A name
 not defined here is refused by `check_metric_name`: add it here, with its meaning, first.
 Unless stated otherwise a value describes one training step.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import difflib
 import re
 
-FAMILIES = ("rollout", "speculation", "perf", "timing_s", "train", "heads")
+FAMILIES = ("rollout", "speculation", "perf", "timing_s", "train", "heads", "eval")
 
 METRICS: dict[str, str] = {}  # name -> what it measures
 TEMPLATES: dict[str, str] = {}  # name with one "{d}" (a positive int) -> what it measures
@@ -64,7 +65,7 @@ DRAFTER_LOSS = metric("speculation/drafter_loss", "FastGRPO-style drafter's trai
 # perf/*: throughput.
 GEN_TOKENS_PER_S = metric("perf/gen_tokens_per_s", "response tokens generated per second, all rollout actors together")
 TRAIN_TOKENS_PER_S = metric("perf/train_tokens_per_s", "prompt + response tokens trained on per second of update")
-STEP_TIME_S = metric("perf/step_time_s", "wall-clock seconds of the whole training step")
+STEP_TIME_S = metric("perf/step_time_s", "wall-clock seconds of the whole training step, with the checkpoint saved after the one before")
 
 # timing_s/*: seconds spent in each phase of the step, as the driver sees them.
 TIME_GEN = metric("timing_s/gen", "generating responses")
@@ -74,7 +75,8 @@ TIME_OLD_LOGPROB = metric("timing_s/old_logprob", "separate pass scoring the res
 TIME_UPDATE = metric("timing_s/update", "the learner's update (all epochs and mini-batches)")
 TIME_WEIGHT_SYNC = metric("timing_s/weight_sync", "sending new policy weights to the rollout actors")
 TIME_HEAD_SYNC = metric("timing_s/head_sync", "sending new draft-head weights to the rollout actors")
-TIME_CHECKPOINT = metric("timing_s/checkpoint", "saving a checkpoint (0 on steps without one)")
+TIME_CHECKPOINT = metric("timing_s/checkpoint", "saving the checkpoint after the previous step, whose line comes first (0 without one)")
+TIME_EVAL = metric("timing_s/eval", "evaluating the policy on the held-out problems (0 on steps without one)")
 TIME_DRAFTER_UPDATE = metric("timing_s/drafter_update",
                              "online FastGRPO-style drafter learning in the rollout actors, in the step (slowest actor)")
 
@@ -112,6 +114,13 @@ HEADS_DRIFT_TRIGGERS = metric("heads/drift_triggers", "drift events (head update
 HEADS_REPLAY_RECORDS = metric("heads/replay_records", "matured draft records in the replay memory at the end of the step")
 HEADS_REPLAY_DROPPED = metric("heads/replay_dropped", "matured records evicted by the replay cap since the start of the run")
 
+# eval/*: the policy after the step's update on the held-out problems (`eval_every`; absent on other steps).
+EVAL_ACCURACY = metric("eval/accuracy", "share of held-out problems whose greedy response is correct")
+EVAL_REWARD_MEAN = metric("eval/reward_mean", "mean reward of the greedy responses to the held-out problems")
+EVAL_RESPONSE_LENGTH_MEAN = metric("eval/response_length_mean", "mean greedy response length on the held-out problems, tokens")
+EVAL_PROBLEMS = metric("eval/problems", "held-out problems evaluated")
+EVAL_PASS_AT_K = metric("eval/pass_at_{d}", "unbiased pass@k over eval.samples sampled responses per held-out problem")
+
 _TEMPLATE_PATTERNS = {re.compile(re.escape(t).replace(re.escape("{d}"), "[1-9][0-9]*") + "$"): t for t in TEMPLATES}
 
 
@@ -120,6 +129,13 @@ def acceptance_depth(depth: int) -> str:
     if depth < 1:
         raise ValueError(f"tree depth must be >= 1, got {depth}")
     return ACCEPTANCE_DEPTH.format(d=depth)
+
+
+def pass_at(k: int) -> str:
+    """`eval/pass_at_{d}` for pass@`k`."""
+    if k < 1:
+        raise ValueError(f"pass@k needs k >= 1, got {k}")
+    return EVAL_PASS_AT_K.format(d=k)
 
 
 def family_names(family: str) -> tuple[str, ...]:

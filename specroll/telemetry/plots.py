@@ -7,7 +7,7 @@ figure when given a path and returns it (a notebook shows a returned figure).
 Runs (`runs`: run directories, {label: directory}, or `RunHistory`s; see `history.read_runs`):
 `plot_run_curves` draws every panel of `RUN_PANELS` in one figure, `plot_run_panel` one of them.
 Comparisons of rollout modes: `plot_tokens_per_pass` (also the adaptation benchmark's),
-`plot_budget_trace`, `plot_speedup_by_concurrency`.
+`plot_budget_trace`, `plot_speedup_by_concurrency`. Draft yield: `plot_yield_by_budget`.
 """
 from __future__ import annotations
 
@@ -317,4 +317,37 @@ def plot_speedup_by_concurrency(speedups: Mapping[str, Sequence[tuple[int, float
         no_data(ax, "concurrency measurements")
     if title:
         ax.set_title(title, fontsize="medium")
+    return saved(fig, path)
+
+
+def plot_yield_by_budget(sources: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]],
+                         oracle: Mapping[str, Sequence[tuple[int, float]]], path: str | Path | None = None,
+                         title: str = "") -> Figure:
+    """Tokens per verify pass against the node budget, one panel per sampling setting: a line per
+    draft source and the oracle bound at the same budgets (dashed).
+
+    sources: setting -> source -> (nodes per response, tokens per pass); oracle: setting -> the same points."""
+    settings = list(sources) or [""]
+    fig = Figure(figsize=(5.5 * len(settings), 4.5), layout="constrained")
+    axes = fig.subplots(1, len(settings), sharey=True, squeeze=False)[0]
+    for ax, setting in zip(axes, settings):
+        for name, points in sources.get(setting, {}).items():
+            ax.plot([b for b, _ in points], [t for _, t in points], "o-", label=name)
+        bound = oracle.get(setting, ())
+        if bound:
+            ax.plot([b for b, _ in bound], [t for _, t in bound], "k--", marker="x", label="oracle bound")
+        budgets = sorted({b for points in sources.get(setting, {}).values() for b, _ in points})
+        if budgets:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(budgets, [str(b) for b in budgets])
+            ax.minorticks_off()
+            ax.legend(fontsize="small")
+        else:
+            no_data(ax, "yield measurements")
+        ax.set_xlabel("node budget (nodes per response, root included)")
+        ax.set_title(setting, fontsize="medium")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("tokens per verify pass")
+    if title:
+        fig.suptitle(title, fontsize="medium")
     return saved(fig, path)

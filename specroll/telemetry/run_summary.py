@@ -10,7 +10,8 @@ from . import metric_names as m
 from .history import RunHistory
 
 # Phases of a step in the order they happen; the rest of the step is the driver's own work.
-PHASES = (m.TIME_WEIGHT_SYNC, m.TIME_GEN, m.TIME_REWARD, m.TIME_OLD_LOGPROB, m.TIME_UPDATE, m.TIME_CHECKPOINT)
+PHASES = (m.TIME_WEIGHT_SYNC, m.TIME_GEN, m.TIME_REWARD, m.TIME_OLD_LOGPROB, m.TIME_UPDATE, m.TIME_CHECKPOINT,
+          m.TIME_EVAL)
 
 
 def mean(values: Sequence[float]) -> float | None:
@@ -83,6 +84,9 @@ def summary_rows(run: RunHistory) -> list[tuple[str, str]]:
         if values:
             first, last = first_and_last(values)
             rows.append((f"{what}, first -> last steps", f"{fmt(first)} -> {fmt(last)}"))
+    held_out = run.series(m.EVAL_ACCURACY)[1]
+    if held_out:
+        rows.append(("held-out accuracy, first -> last eval", f"{fmt(held_out[0])} -> {fmt(held_out[-1])}"))
     zero_std = run.series(m.FRAC_ZERO_STD_GROUPS)[1]
     if zero_std:
         rows.append(("groups with no reward signal", fmt(mean(zero_std), ".0%")))

@@ -9,6 +9,7 @@ import json
 import math
 import numbers
 import sys
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -52,19 +53,42 @@ def lines_before(path: Path, first_step: int) -> list[str]:
     return kept
 
 
+def missing_steps(lines: list[str], first_step: int) -> list[int]:
+    """Steps before `first_step` that no line of `lines` (a metrics file's, in order) records."""
+    present = {json.loads(line)["step"] for line in lines}
+    return [step for step in range(first_step) if step not in present]
+
+
+def step_ranges(steps: list[int]) -> str:
+    """[0, 1, 2, 5] as "0-2, 5"."""
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and step == runs[-1][-1] + 1:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+
+
 class JsonlSink:
     """One line per step, `{"step": ..., <metrics>}`; non-finite values are written as null.
 
     Lines of steps at or after `first_step` are dropped when the file is opened: a run
     resumed from a checkpoint redoes those steps (or, after a rollback, takes them on a new
-    branch) and must not record them twice.
+    branch) and must not record them twice. Steps before it without a line (a run that lost
+    them, or logged none) are warned about once and left as a gap: nothing can fill them in.
     """
 
     def __init__(self, path: Path, first_step: int = 0) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        kept = lines_before(path, first_step) if path.exists() else []
         if path.exists():
-            write_atomically(path, "".join(line + "\n" for line in lines_before(path, first_step)))
+            write_atomically(path, "".join(line + "\n" for line in kept))
+        missing = missing_steps(kept, first_step)
+        if missing:
+            warnings.warn(f"{path} has no line for step(s) {step_ranges(missing)} of the {first_step} before the "
+                          "resumed checkpoint: they stay a gap", stacklevel=2)
         self.file = path.open("a")
 
     def log(self, step: int, metrics: dict[str, float | int]) -> None:

@@ -258,8 +258,20 @@ class HorizonHeads(nn.Module):
 SHIPPED_HEADS = {"smollm2-135m-instruct": "smollm2-135m-instruct.heads.safetensors"}
 
 
+HEADS_SUFFIX = ".heads.safetensors"  # a model directory's heads lie beside it: DIR.heads.safetensors
+
+
+def heads_beside(model_dir: str | Path) -> Path:
+    """Where the heads of model directory `model_dir` lie: `DIR.heads.safetensors` beside it."""
+    path = Path(model_dir).expanduser()
+    return path.with_name(path.name + HEADS_SUFFIX)
+
+
 def shipped_heads(model_name: str) -> Path:
-    """Path of the trained heads that ship with SpecRoll for `model_name`."""
+    """Path of the trained heads for `model_name`: for a model directory, the file beside it
+    (`heads_beside`); for an alias, the heads that ship with SpecRoll."""
+    if Path(model_name).expanduser().is_dir() and heads_beside(model_name).is_file():
+        return heads_beside(model_name)
     if model_name not in SHIPPED_HEADS:
         raise ValueError(f"no shipped heads for {model_name!r}; shipped: {sorted(SHIPPED_HEADS)}")
     path = Path(__file__).resolve().parents[2] / "assets" / "heads" / SHIPPED_HEADS[model_name]

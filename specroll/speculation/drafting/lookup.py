@@ -52,7 +52,7 @@ def lookup_drafts(tokens: torch.Tensor, lengths: torch.Tensor, max_ngram: int, d
 
 
 def add_lookup_candidates(cands: Candidates, lookup: LookupDrafts, step_logp: torch.Tensor) -> Candidates:
-    """The heads' candidates plus each row's lookup chain, as one candidate set.
+    """The candidates so far (the heads', and chains merged before) plus each row's lookup chain, as one set.
 
     step_logp [B, depth]: estimated log-probability that the chain's token at each depth is
     accepted given its parent was. Along the chain the score is their running sum. Where the
@@ -73,11 +73,16 @@ def add_lookup_candidates(cands: Candidates, lookup: LookupDrafts, step_logp: to
     for d in range(lookup.tokens.shape[1]):
         token, usable = lookup.tokens[:, d], lookup.valid[:, d]
         chain_score = chain_score + step_logp[:, d]
-        shared = (cands.parents == node[:, None]) & (cands.tokens == token[:, None]) & (on_heads & usable)[:, None]
-        is_shared = shared.any(dim=1)
-        at = shared.int().argmax(dim=1, keepdim=True)
-        heads_score = scores.gather(1, at)[:, 0]
-        scores.scatter_(1, at, torch.where(is_shared, either(heads_score, chain_score), heads_score)[:, None])
+        if num_cands:
+            # Only a usable candidate is shared: an earlier chain's unusable nodes sit at no true depth.
+            shared = ((cands.parents == node[:, None]) & (cands.tokens == token[:, None]) & torch.isfinite(scores)
+                      & (on_heads & usable)[:, None])
+            is_shared = shared.any(dim=1)
+            at = shared.int().argmax(dim=1, keepdim=True)
+            heads_score = scores.gather(1, at)[:, 0]
+            scores.scatter_(1, at, torch.where(is_shared, either(heads_score, chain_score), heads_score)[:, None])
+        else:  # nothing drafted before the chain (head drafts off): every node of it is new
+            is_shared, at = torch.zeros_like(usable), node[:, None]
         added = usable & ~is_shared
         new["tokens"].append(token)
         new["parents"].append(node)

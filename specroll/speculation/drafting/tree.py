@@ -127,6 +127,12 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
                       torch.cat(scores, 1), torch.cat(head_probs, 1), proposals if sketch_size else None)
 
 
+def no_candidates(roots: torch.Tensor) -> Candidates:
+    """An empty candidate set for each row of `roots` [B] (head drafts off: the lookups' chains are added to it)."""
+    empty = roots.new_zeros(roots.shape[0], 0)
+    return Candidates(empty, empty, empty, empty.float(), empty.float())
+
+
 def level_depths(sizes: list[int], batch: int, device) -> torch.Tensor:
     """[B, sum(sizes)] the depth of each candidate, in drafting order, when depth d + 1 drafted
     sizes[d] of them: compiled, one kernel, where a concatenation of each depth's is one per depth."""

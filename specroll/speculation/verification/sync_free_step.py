@@ -42,9 +42,11 @@ def sync_free_buckets(cfg: SpeculationConfig, budget: str) -> list[int]:
 def runs_sync_free_trees(cfg: SpeculationConfig, device_type: str, budget: str) -> bool:
     """Whether a decoder's tree steps run sync-free (`speculation.sync_free_trees`; None: on GPUs):
     only where their size is known on the host (the cost model reads each step's drafts) and no
-    feedback is read after each pass (Reflex, the slow path's head records)."""
+    feedback is read after each pass (Reflex, the slow path's head records), and drafting reads
+    nothing on the host either (sibling and history lookup) and drafts the heads' paths."""
     asked = device_type == "cuda" if cfg.sync_free_trees is None else cfg.sync_free_trees
-    return asked and budget != "cost_model" and not cfg.uses_reflex and not cfg.uses_slow_path
+    return (asked and budget != "cost_model" and not cfg.uses_reflex and not cfg.uses_slow_path
+            and not cfg.drafts_on_host)
 
 
 def tree_forward(form: str, model, ids: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor,

@@ -1,0 +1,246 @@
+"""Draft yield: tokens per verify pass at fixed node budgets, per draft source, beside the oracle bound.
+
+Each draft source drafts trees of a fixed node budget per response (root included; 4, 8 and 16
+by default) for GRPO groups (8 responses per prompt) of held-out GSM8K test prompts, at T=1
+(top-p 1) and at T=0.7 with top-p 0.9: every source alone where the others can be switched off,
+and all of them combined (today's default drafter). Draws are coupled: every source decodes
+with the same seeds, so it decodes the same responses (the share that came out identical is
+printed) and only its drafts differ. The oracle bound (benchmarks/oracle.py) is computed on
+those responses at the same budget, with each source's fraction of it.
+
+Tokens per verify pass is also the break-even cost: the plain decode steps a tree step of that
+budget may cost and still pay. On a GPU a verify pass of 8-16 nodes per row costs about one
+plain step until the batch fills the chip; on any machine the figure itself is the same.
+
+The prompts are decoded `--epochs` times with a new seed each, one decoder per source, setting
+and budget across them, as RL revisits its prompts every epoch: a source that drafts from
+earlier rollouts has them from the second epoch on (the JSON holds each epoch's figures).
+
+    python -m specroll.benchmarks.acceptance [--quick] [--policy smollm2-135m-instruct | HF_DIR | RUN_CHECKPOINT]
+        [--heads shipped | FILE] [--budgets 4 8 16] [--json runs/bench_acceptance.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
+
+from ..rollout import RolloutOutput, RolloutEngine, SamplingParams
+from .adaptation import load_heads, random_prompts, tiny_heads
+from .drift import load_snapshot, peaked_tiny_model
+from .engine_vs_hf import DEFAULT_GSM8K, load_prompts
+from .oracle import oracle_passes, response_probabilities
+
+# Draft sources: name -> the SpeculationConfig switch that turns the source on (None: always on).
+# A source runs alone where every other source has a switch; "combined" turns every switch on.
+SOURCES: dict[str, str | None] = {
+    "heads": "head_drafts",
+    "lookup": "context_lookup",
+    "siblings": "sibling_lookup",
+    "history": "history_lookup",
+}
+COMBINED = "combined"
+
+# Sampling settings: name -> (temperature, top_p).
+SAMPLINGS = {"T=1": (1.0, 1.0), "T=0.7 top-p 0.9": (0.7, 0.9)}
+SIZES = {"full": dict(prompts=8, max_new_tokens=192), "quick": dict(prompts=2, max_new_tokens=64)}
+
+
+def source_settings(sources: dict[str, str | None]) -> dict[str, dict[str, bool]]:
+    """What to measure: source -> SpeculationConfig overrides. Each source alone where every other
+    source can be switched off, then every source on together (when there are several)."""
+    switches = {name: switch for name, switch in sources.items() if switch is not None}
+    settings = {}
+    for name in sources:
+        others = [s for n, s in sources.items() if n != name]
+        if None not in others:
+            settings[name] = {s: n == name for n, s in switches.items()}
+    if len(sources) > 1:
+        settings[COMBINED] = dict.fromkeys(switches.values(), True)
+    return settings
+
+
+@dataclass
+class Tally:
+    """Tokens emitted and verify passes over live rows, per epoch."""
+
+    tokens: list[int] = field(default_factory=list)
+    passes: list[int] = field(default_factory=list)
+
+    def add(self, tokens: int, passes: int) -> None:
+        self.tokens.append(tokens)
+        self.passes.append(passes)
+
+    @property
+    def per_pass(self) -> float:
+        return sum(self.tokens) / max(sum(self.passes), 1)
+
+    @property
+    def per_pass_by_epoch(self) -> list[float]:
+        return [t / max(p, 1) for t, p in zip(self.tokens, self.passes)]
+
+
+def tree_tally(out: RolloutOutput) -> tuple[int, int]:
+    """(tokens emitted, verify passes) of one generate call's live rows, prompt passes excluded."""
+    hist = out.stats.tree.tokens_per_step_hist
+    return sum(k * n for k, n in hist.items()), sum(hist.values())
+
+
+def measure_setting(model, tokenizer, heads: HorizonHeads, prompts, base: SpeculationConfig, sampling: tuple[float, float],
+                    budget: int, args, bar: tqdm) -> list[dict]:
+    """Every source at one sampling setting and budget, over the epochs: one row per source."""
+    temperature, top_p = sampling
+    settings = source_settings(SOURCES)
+    oracle, reference = Tally(), {}  # reference: epoch -> the first source's responses
+    rows = []
+    for name, overrides in settings.items():
+        cfg = replace(base, fixed_nodes=budget, max_nodes=budget, **overrides)
+        engine = RolloutEngine(model, tokenizer, SpeculativeDecoder(model, cfg, heads=heads))
+        tally, same, responses, depth, lookup_share = Tally(), 0, 0, [], []
+        for epoch in range(args.epochs):
+            params = SamplingParams(temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=args.max_new_tokens,
+                                    n=args.group, seed=args.seed + epoch)
+            out = engine.generate(prompts, params)
+            engine.decoder.remember_responses(prompts, out.token_ids, args.group)  # the next epoch's history
+            bar.update()
+            tally.add(*tree_tally(out))
+            depth.append(out.stats.tree.acceptance_by_depth)
+            lookup_share.append(out.stats.tree.lookup_token_share)
+            if epoch not in reference:
+                reference[epoch] = out.token_ids
+                probabilities = response_probabilities(model, prompts, out.token_ids, params)
+                oracle.add(*oracle_passes(probabilities, [budget], heads.num_heads))
+            same += sum(a == b for a, b in zip(out.token_ids, reference[epoch]))
+            responses += len(out.token_ids)
+        rows.append({"source": name, "overrides": overrides, "tokens_per_pass": tally.per_pass,
+                     "tokens_per_pass_by_epoch": tally.per_pass_by_epoch, "verify_passes": sum(tally.passes),
+                     "same_responses": same / responses,
+                     "acceptance_by_depth": [sum(d) / len(d) for d in zip(*depth)],
+                     "lookup_token_share": sum(lookup_share) / len(lookup_share)})
+    for row in rows:
+        row |= {"oracle_tokens_per_pass": oracle.per_pass, "oracle_tokens_per_pass_by_epoch": oracle.per_pass_by_epoch,
+                "fraction_of_oracle": row["tokens_per_pass"] / oracle.per_pass if sum(oracle.passes) else float("nan"),
+                # A tree step of this budget pays while it costs fewer plain steps than it emits tokens.
+                "break_even_plain_steps": row["tokens_per_pass"]}
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """One line per sampling setting and budget: the oracle, then each source's tokens per pass
+    (= break-even plain steps per tree step) with its fraction of the oracle."""
+    sources = list(dict.fromkeys(r["source"] for r in rows))
+    lines = ["| sampling | nodes | oracle | " + " | ".join(sources) + " |", "|---|---:|---:|" + "---:|" * len(sources)]
+    for key in dict.fromkeys((r["sampling"], r["budget"]) for r in rows):
+        group = {r["source"]: r for r in rows if (r["sampling"], r["budget"]) == key}
+        cells = [f"{group[s]['tokens_per_pass']:.2f} ({group[s]['fraction_of_oracle']:.0%})" if s in group else "-"
+                 for s in sources]
+        oracle = next(iter(group.values()))["oracle_tokens_per_pass"]
+        lines.append(f"| {key[0]} | {key[1]} | {oracle:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policy", default="smollm2-135m-instruct",
+                    help="model alias, Hugging Face directory (an SFT output) or a run's checkpoint directory")
+    ap.add_argument("--heads", default="shipped", help="'shipped' (SpecRoll's heads for the policy), a heads file, or 'untrained'")
+    ap.add_argument("--tiny", action="store_true", help="a tiny random policy with heads trained here (tests, smoke runs)")
+    ap.add_argument("--data", type=Path, default=DEFAULT_GSM8K,
+                    help="held-out prompts: GSM8K test jsonl (without it, built-in synthetic problems)")
+    ap.add_argument("--quick", action="store_true", help=f"smaller default sizes: {SIZES['quick']} (full: {SIZES['full']})")
+    ap.add_argument("--prompts", type=int, default=None, help="held-out prompts, each a GRPO group")
+    ap.add_argument("--group", type=int, default=8, help="responses per prompt (GRPO's n)")
+    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--budgets", type=int, nargs="+", default=[4, 8, 16], help="nodes per response, root included")
+    ap.add_argument("--epochs", type=int, default=2, help="passes over the same prompts, a new seed each")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    ap.add_argument("--json", type=Path, default=None, help="every row, the table and the arguments")
+    ap.add_argument("--plot", type=Path, default=None,
+                    help="the figure (default: the --json path with .png, else runs/bench_acceptance.png)")
+    args = ap.parse_args(argv)
+    for name, value in SIZES["quick" if args.quick else "full"].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    for name in ("prompts", "group", "max_new_tokens", "epochs"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if min(args.budgets) < 2:
+        ap.error("--budgets must be >= 2 (a 1-node budget is plain decoding)")
+    if args.plot is None:
+        args.plot = args.json.with_suffix(".png") if args.json else Path("runs/bench_acceptance.png")
+    return args
+
+
+def scenario(args):
+    """(model, tokenizer, heads, prompts, where the prompts came from)."""
+    if args.tiny:
+        model = peaked_tiny_model(3)
+        g = torch.Generator().manual_seed(args.seed)
+        heads = tiny_heads(model, random_prompts(g, 8))
+        return model, None, heads, random_prompts(g, args.prompts), "random tokens"
+    model, tokenizer = load_snapshot(args.policy, args.dtype, args.device)
+    model.requires_grad_(False)
+    heads = load_heads(args.heads, args.policy, model)
+    prompts, source = load_prompts(tokenizer, args.prompts, args.data.expanduser())
+    if source == "synthetic":
+        print(f"note: no GSM8K test split at {args.data}: built-in synthetic problems instead (pass --data)")
+    return model, tokenizer, heads, prompts, source
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model, tokenizer, heads, prompts, source = scenario(args)
+    base = SpeculationConfig(head_type=heads.head_type, num_heads=heads.num_heads, budget="fixed", min_nodes=1)
+    policy = "tiny random policy" if args.tiny else args.policy
+    print(f"{policy}, heads {'trained here' if args.tiny else args.heads}; {len(prompts)} prompts from {source} "
+          f"x {args.group} responses x {args.max_new_tokens} new tokens, {args.epochs} epochs; "
+          f"budgets {args.budgets}; sources {list(source_settings(SOURCES))}", flush=True)
+    rows, started = [], time.perf_counter()
+    calls = len(SAMPLINGS) * len(args.budgets) * len(source_settings(SOURCES)) * args.epochs
+    bar = tqdm(total=calls, desc="generate calls", unit="call")
+    for sampling, values in SAMPLINGS.items():
+        for budget in args.budgets:
+            for row in measure_setting(model, tokenizer, heads, prompts, base, values, budget, args, bar):
+                rows.append({"sampling": sampling, "temperature": values[0], "top_p": values[1], "budget": budget} | row)
+                bar.write(f"{sampling}, {budget} nodes, {row['source']}: {row['tokens_per_pass']:.2f} tokens per pass, "
+                          f"oracle {row['oracle_tokens_per_pass']:.2f} ({row['fraction_of_oracle']:.0%}), "
+                          f"same responses {row['same_responses']:.0%}")
+    bar.close()
+    elapsed = time.perf_counter() - started
+    table = markdown_table(rows)
+    print("\ntokens per verify pass = the break-even cost: plain steps a tree step of that budget may cost and "
+          "still pay (fraction of the oracle bound in brackets)\n" + table + f"\n({elapsed:.0f} s)")
+
+    from ..telemetry.plots import plot_yield_by_budget
+
+    curves = {s: {name: [(r["budget"], r["tokens_per_pass"]) for r in rows if (r["sampling"], r["source"]) == (s, name)]
+                  for name in dict.fromkeys(r["source"] for r in rows)} for s in SAMPLINGS}
+    oracle = {s: [(r["budget"], r["oracle_tokens_per_pass"]) for r in rows
+                  if r["sampling"] == s and r["source"] == rows[0]["source"]] for s in SAMPLINGS}
+    plot_yield_by_budget(curves, oracle, args.plot,
+                         title=f"{policy}: groups of {args.group}, {args.max_new_tokens} new tokens, {source}")
+    print(f"wrote {args.plot}")
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "prompt_source": source, "elapsed_s": elapsed,
+              "rows": rows, "table": table}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The yield benchmark: which sources it can measure alone, and a tiny end-to-end run whose
+sources decode the same responses and stay under the oracle bound."""
+import json
+
+from specroll.benchmarks.acceptance import COMBINED, SAMPLINGS, SOURCES, main, markdown_table, source_settings
+from specroll.speculation import SpeculationConfig
+
+
+def test_a_source_runs_alone_only_where_every_other_source_can_be_switched_off():
+    # Heads have no switch today: they run alone (lookup off), lookup never does.
+    assert source_settings({"heads": None, "lookup": "context_lookup"}) == {
+        "heads": {"context_lookup": False}, COMBINED: {"context_lookup": True}}
+    table = {"heads": "head_drafts", "lookup": "context_lookup", "siblings": "sibling_lookup"}
+    settings = source_settings(table)
+    assert list(settings) == ["heads", "lookup", "siblings", COMBINED]
+    assert settings["lookup"] == {"head_drafts": False, "context_lookup": True, "sibling_lookup": False}
+    assert settings[COMBINED] == {"head_drafts": True, "context_lookup": True, "sibling_lookup": True}
+    assert source_settings({"heads": None}) == {"heads": {}}  # one source: nothing to combine
+
+
+def test_every_shipped_source_switch_is_a_speculation_config_field():
+    for overrides in source_settings(SOURCES).values():
+        SpeculationConfig(**overrides)
+
+
+def test_a_tiny_run_measures_every_source_under_the_oracle_and_draws_the_figure(tmp_path):
+    out = tmp_path / "acceptance.json"
+    result = main(["--tiny", "--threads", "1", "--prompts", "2", "--group", "4", "--max-new-tokens", "16",
+                   "--budgets", "4", "8", "--json", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["rows"] == json.loads(json.dumps(result["rows"]))
+    rows = saved["rows"]
+    sources = list(source_settings(SOURCES))
+    assert [(r["sampling"], r["budget"], r["source"]) for r in rows] == [
+        (s, b, name) for s in SAMPLINGS for b in (4, 8) for name in sources]
+    for row in rows:
+        assert row["same_responses"] == 1.0  # coupled draws: only the drafts differ
+        assert len(row["tokens_per_pass_by_epoch"]) == 2 and len(row["oracle_tokens_per_pass_by_epoch"]) == 2
+        assert 1.0 < row["tokens_per_pass"] <= row["oracle_tokens_per_pass"] * 1.02
+        assert row["fraction_of_oracle"] == row["tokens_per_pass"] / row["oracle_tokens_per_pass"] <= 1.02
+        assert row["break_even_plain_steps"] == row["tokens_per_pass"]
+    for s in SAMPLINGS:
+        oracle = [r["oracle_tokens_per_pass"] for r in rows if r["sampling"] == s and r["source"] == sources[0]]
+        assert oracle[1] > oracle[0]  # a larger budget lets a perfect drafter emit more
+    assert result["table"] == markdown_table(rows) and len(result["table"].splitlines()) == 2 + 2 * len(SAMPLINGS)
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
