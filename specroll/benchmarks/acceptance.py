@@ -50,7 +50,8 @@ COMBINED = "combined"
 
 # Sampling settings: name -> (temperature, top_p).
 SAMPLINGS = {"T=1": (1.0, 1.0), "T=0.7 top-p 0.9": (0.7, 0.9)}
-SIZES = {"full": dict(prompts=8, max_new_tokens=192), "quick": dict(prompts=2, max_new_tokens=64)}
+SIZES = {"full": dict(prompts=8, max_new_tokens=192, budgets=[4, 8, 16]),
+         "quick": dict(prompts=1, max_new_tokens=64, budgets=[8, 16])}  # the goals are at 8 and 16 nodes
 
 
 def source_settings(sources: dict[str, str | None]) -> dict[str, dict[str, bool]]:
@@ -158,7 +159,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=None, help="held-out prompts, each a GRPO group")
     ap.add_argument("--group", type=int, default=8, help="responses per prompt (GRPO's n)")
     ap.add_argument("--max-new-tokens", type=int, default=None)
-    ap.add_argument("--budgets", type=int, nargs="+", default=[4, 8, 16], help="nodes per response, root included")
+    ap.add_argument("--budgets", type=int, nargs="+", default=None, help="nodes per response, root included")
     ap.add_argument("--epochs", type=int, default=2, help="passes over the same prompts, a new seed each")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="float32")
