@@ -27,7 +27,6 @@ from specroll.train import GENERATE, HEAD_UPDATE, SAVE, TRAIN, WEIGHT_SYNC, erro
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-CHECKOUT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 # One node per actor kind, each offering the custom resource the config places that kind by.
 NODES = {"rollout_node": 2, "learner_node": 2, "consolidation_node": 1}
 PLACED = ["+cluster.rollout_resources.rollout_node=1", "+cluster.learner_resources.learner_node=1",
@@ -109,11 +108,17 @@ def killed_in_process(run_dir, who, phase, at_step, overrides=()):
     return str(exited.value.code), seen[0]
 
 
+def checkout_env() -> dict[str, str]:
+    """This process's environment as it is now (ray.init sets RAY_AUTH_MODE in it, which a driver
+    joining the same cluster needs), with the checkout importable."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def killed_driver(run_dir, phase, at_step, address):
     """Launch a driver in a subprocess that SIGKILLs itself as `phase` of step `at_step` begins."""
     overrides = [*SMOKE, f"run_dir={run_dir}", f"total_steps={TOTAL_STEPS}", f"cluster.ray_address={address}"]
     return subprocess.run([sys.executable, str(ROOT / "tests" / "driver_killed_at_phase.py"), str(at_step), phase,
-                           *overrides], capture_output=True, text=True, env=CHECKOUT_ENV, timeout=300)
+                           *overrides], capture_output=True, text=True, env=checkout_env(), timeout=300)
 
 
 def node_of(actor) -> str:
