@@ -52,7 +52,7 @@ COMBINED = "combined"
 # Sampling settings: name -> (temperature, top_p).
 SAMPLINGS = {"T=1": (1.0, 1.0), "T=0.7 top-p 0.9": (0.7, 0.9)}
 SIZES = {"full": dict(prompts=8, max_new_tokens=192, budgets=[4, 8, 16]),
-         "quick": dict(prompts=1, max_new_tokens=64, budgets=[8, 16])}  # the goals are at 8 and 16 nodes
+         "quick": dict(prompts=1, max_new_tokens=48, budgets=[8, 16])}  # the goals are at 8 and 16 nodes
 
 
 def source_settings(sources: dict[str, str | None]) -> dict[str, dict[str, bool]]:
