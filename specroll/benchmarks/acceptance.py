@@ -36,6 +36,7 @@ from ..rollout import RolloutOutput, RolloutEngine, SamplingParams
 from .adaptation import load_heads, random_prompts, tiny_heads
 from .drift import load_snapshot, peaked_tiny_model
 from .engine_vs_hf import DEFAULT_GSM8K, load_prompts
+from .flags import add_machine_flags, fill_sizes
 from .oracle import oracle_passes, response_probabilities
 
 # Draft sources: name -> the SpeculationConfig switch that turns the source on (None: always on).
@@ -51,7 +52,7 @@ COMBINED = "combined"
 # Sampling settings: name -> (temperature, top_p).
 SAMPLINGS = {"T=1": (1.0, 1.0), "T=0.7 top-p 0.9": (0.7, 0.9)}
 SIZES = {"full": dict(prompts=8, max_new_tokens=192, budgets=[4, 8, 16]),
-         "quick": dict(prompts=1, max_new_tokens=64, budgets=[8, 16])}  # the goals are at 8 and 16 nodes
+         "quick": dict(prompts=1, max_new_tokens=48, budgets=[8, 16])}  # the goals are at 8 and 16 nodes
 
 
 def source_settings(sources: dict[str, str | None]) -> dict[str, dict[str, bool]]:
@@ -162,16 +163,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--budgets", type=int, nargs="+", default=None, help="nodes per response, root included")
     ap.add_argument("--epochs", type=int, default=2, help="passes over the same prompts, a new seed each")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    add_machine_flags(ap)
     ap.add_argument("--json", type=Path, default=None, help="every row, the table and the arguments")
     ap.add_argument("--plot", type=Path, default=None,
                     help="the figure (default: the --json path with .png, else runs/bench_acceptance.png)")
     args = ap.parse_args(argv)
-    for name, value in SIZES["quick" if args.quick else "full"].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    fill_sizes(args, SIZES, args.quick)
     for name in ("prompts", "group", "max_new_tokens", "epochs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")

@@ -49,6 +49,7 @@ from specroll.speculation.drafting.heads import model_fingerprint
 from ..models import build_tiny_model, load_causal_lm, synchronize
 from ..rollout import GenerationStats, RolloutEngine, SamplingParams
 from .engine_vs_hf import load_prompts
+from .flags import add_machine_flags, fill_sizes
 from .grpo_steps import GSM8K_TRAIN
 
 VANILLA = "vanilla"  # plain decoding, the speed reference
@@ -483,17 +484,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch-records", type=int, default=ConsolidationConfig.batch_records,
                     help="consolidation: records per optimiser step")
     # run
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch intra-op threads (default: torch's choice); 1 on a CPU shared with other jobs")
+    add_machine_flags(ap)
     ap.add_argument("--json", type=Path, default=None, help="every round's figures, the summary and the goals")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of tokens per verify pass (default: next to --json, "
                                                             "else runs/bench_adaptation.png)")
     args = ap.parse_args(argv)
-    for name, value in SIZES["quick" if args.quick else "full"].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    fill_sizes(args, SIZES, args.quick)
     if not 1 <= args.drift_at < args.rounds:
         ap.error(f"--drift-at must be in [1, --rounds) so that both policies run, got {args.drift_at}")
     if args.calibration_steps > args.drift_at:

@@ -41,6 +41,7 @@ from ..telemetry import metric_names as m
 from ..telemetry import plots
 from .comparison import Comparison, ConcurrencyPoint, ModeRun, RolloutTrace
 from .engine_vs_hf import load_prompts
+from .flags import fill_sizes
 from .grpo_steps import GSM8K_TRAIN, driver_settings, run_driver, two_proportion_p, welch_p
 
 VANILLA, FASTGRPO = "vanilla", "fastgrpo"
@@ -354,10 +355,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--json", type=Path, default=None, help="write the comparison (benchmarks.comparison schema) here")
     ap.add_argument("--plots", type=Path, default=None, help="folder for the PNGs (default: beside --json, else run-root)")
     args, extra = ap.parse_known_args(argv)
-    size = SIZES["quick" if args.quick or args.tiny else "full"]
-    for name, value in size.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    fill_sizes(args, SIZES, args.quick or args.tiny)
     if args.tiny:
         args.policies, args.datasets = ["instruct"], args.datasets or ["synthetic"]
     if args.policies is None:

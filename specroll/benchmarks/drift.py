@@ -45,6 +45,7 @@ from ..models import build_tiny_model, load_causal_lm
 from ..rollout import RolloutEngine, SamplingParams
 from .adaptation import TINY_VOCAB, load_heads, random_prompts, standard_error, tiny_heads
 from .engine_vs_hf import DEFAULT_GSM8K, load_prompts
+from .flags import add_machine_flags, fill_sizes
 from .grpo_steps import GSM8K_TRAIN
 
 TINY_LOGIT_SCALE = 4.0  # sharpens the tiny models' distributions so that heads have something to learn
@@ -225,16 +226,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--save-heads", type=Path, default=None,
                     help="keep snapshot i's retrained heads as i.heads.safetensors")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    add_machine_flags(ap)
     ap.add_argument("--json", type=Path, default=None, help="the curve's figures")
     ap.add_argument("--plot", type=Path, default=None,
                     help="PNG of the curve (default: next to --json, else runs/bench_drift.png)")
     args = ap.parse_args(argv)
-    for name, value in SIZES["quick" if args.quick else "full"].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    fill_sizes(args, SIZES, args.quick)
     if bool(args.tiny) == bool(args.policies):
         ap.error("give either --policies (two or more) or --tiny N")
     if args.policies is not None and len(args.policies) < 2:
