@@ -22,7 +22,6 @@ earlier rollouts has them from the second epoch on (the JSON holds each epoch's 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,7 +35,7 @@ from ..rollout import RolloutOutput, RolloutEngine, SamplingParams
 from .adaptation import load_heads, random_prompts, tiny_heads
 from .drift import load_snapshot, peaked_tiny_model
 from .engine_vs_hf import DEFAULT_GSM8K, load_prompts
-from .flags import add_machine_flags, fill_sizes
+from .flags import add_machine_flags, fill_sizes, write_json
 from .oracle import oracle_passes, response_probabilities
 
 # Draft sources: name -> the SpeculationConfig switch that turns the source on (None: always on).
@@ -233,10 +232,7 @@ def main(argv=None) -> dict:
     print(f"wrote {args.plot}")
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "prompt_source": source, "elapsed_s": elapsed,
               "rows": rows, "table": table}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(result, args.json)
     return result
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import tempfile
 import time
@@ -45,7 +44,7 @@ from ..models import build_tiny_model, load_causal_lm
 from ..rollout import RolloutEngine, SamplingParams
 from .adaptation import TINY_VOCAB, load_heads, random_prompts, standard_error, tiny_heads
 from .engine_vs_hf import DEFAULT_GSM8K, load_prompts
-from .flags import add_machine_flags, fill_sizes
+from .flags import add_machine_flags, fill_sizes, write_json
 from .grpo_steps import GSM8K_TRAIN
 
 TINY_LOGIT_SCALE = 4.0  # sharpens the tiny models' distributions so that heads have something to learn
@@ -285,10 +284,7 @@ def main(argv=None) -> dict:
     plot_drift(rows, args.plot, title=f"heads of {Path(rows[0]['snapshot']).name}, {arms}")
     print(f"wrote {args.plot}")
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "table": table}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_json(result, args.json)
     return result
 
 

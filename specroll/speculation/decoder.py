@@ -45,7 +45,8 @@ from .verification.sync_free_step import (
 )
 from .verification.tree_step import calibrated, padded_tree_inputs
 from .verification.verify import Verdict, verify_tree
-from .verification.would_be import WouldBeTrees, node_ranks
+from .verification.would_be import WouldBeTrees
+from .verification.would_be_step import scored_would_be, start_would_be
 from .warmup import compile_steps, decoder_profile
 
 
@@ -222,7 +223,7 @@ class SpeculativeDecoder:
         plain step), then learn from the verdict. Where trees run without host reads, one
         sync-free tree step instead."""
         if self.sync_free is not None and (budget := self.node_budget(state.live_rows)) > 1:
-            return self.scored_would_be(state, self.sync_free_tree_step(state, budget))
+            return scored_would_be(self, state, self.sync_free_tree_step(state, budget))
         t0 = time.perf_counter()
         batch = state.last_tokens.shape[0]  # finished rows included before a sync-free step
         drafted = self.drafted_tree(state)
@@ -239,7 +240,7 @@ class SpeculativeDecoder:
         self.step_log.time_bookkeeping_s += ended - t2
         if self.cost_model is not None:
             self.cost_model.note_pass(batch, drafted.budget, ended - t1)
-        return self.scored_would_be(state, StepResult(verdict.tokens, verdict.logprobs, verdict.counts))
+        return scored_would_be(self, state, StepResult(verdict.tokens, verdict.logprobs, verdict.counts))
 
     def drafted_tree(self, state: DecodeState) -> DraftedTree:
         """This step's drafts and the tree it verifies, sized by the node budget (1: a plain step)."""
@@ -255,7 +256,7 @@ class SpeculativeDecoder:
             if self.gate is not None:
                 self.gate.note_plain()
             if self.would_be is not None:  # drafts as deep as a would-be tree's serve as one
-                self.start_would_be(state, cands if drafts >= self.cfg.fixed_nodes - 1 else None)
+                start_would_be(self, state, cands if drafts >= self.cfg.fixed_nodes - 1 else None)
         tree = select_tree(cands, budget - 1) if budget > 1 else None
         return DraftedTree(budget, cands, lookup, suffix, tree, state.last_tokens, state.last_hidden)
 
@@ -287,45 +288,6 @@ class SpeculativeDecoder:
         lookup (nothing when it is off)."""
         if self.suffix is not None:
             self.suffix.remember(prompts, responses, group_size)
-
-    def start_would_be(self, state: DecodeState, cands: Candidates | None) -> None:
-        """Before a plain step: a would-be tree of `fixed_nodes` nodes for the live rows that hold
-        none, from `cands` (this step's drafts), else drafted here every `would_be_every` plain
-        steps; what the finished ones carried teaches the cost model (a host read: this step drafts)."""
-        self.plain_steps_since_would_be += 1
-        if cands is None and self.plain_steps_since_would_be < self.cfg.would_be_every:
-            return
-        started = time.perf_counter()
-        drafts = self.cfg.fixed_nodes - 1
-        if cands is None:
-            cands, _, _ = self.draft(state, drafts)
-        tree = select_tree(cands, drafts)
-        self.would_be.start(state.row_ids, tree, node_ranks(cands, tree), state.live)
-        self.plain_steps_since_would_be = 0
-        if self.profile is not None:
-            self.step_log.note_tree_step_cost(self.tree_step_cost(state.live_rows))
-        if self.cost_model is not None and (realised := self.would_be.pop_fresh()) is not None:
-            self.cost_model.note_would_be(realised)
-        self.step_log.time_would_be_s += time.perf_counter() - started
-
-    def tree_step_cost(self, batch: int) -> float:
-        """What a step of `batch` rows with `fixed_nodes`-node trees costs, in plain steps, by the
-        profile (and the cost model's drafting time, where it measures it)."""
-        nodes = self.cfg.fixed_nodes
-        drafting = self.cost_model.drafting_s()[nodes - 1] if self.cost_model is not None else 0.0
-        return (self.profile.latency(batch, nodes) + drafting) / self.profile.latency(batch, 1)
-
-    def scored_would_be(self, state: DecodeState, step: StepResult) -> StepResult:
-        """Walk the rows' would-be trees along what `step` emitted; the finished ones calibrate the
-        heads' probabilities as a verified tree's verdict would."""
-        if self.would_be is not None:
-            done = self.would_be.advance(state.row_ids, step.tokens, step.counts * state.live)
-            if done is None:
-                return step
-            with torch.inference_mode(False):  # the decoder's own estimates outlive the generate call
-                self.observed, self.predicted = (t.clone() for t in calibrated(
-                    self.observed, self.predicted, done, done.done, self.cfg.calibration_momentum))
-        return step
 
     def verify_pass(self, state: DecodeState, tree: DraftTree, budget: int):
         """One forward over every row's root and tree, the exact acceptance rule, and the
