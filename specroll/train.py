@@ -58,15 +58,15 @@ from specroll.telemetry import (
     summarize_rollout_stats,
 )
 from specroll.telemetry import metric_names as m
-from specroll.telemetry.history import STEP_KEY, RunHistory, read_run
+from specroll.telemetry.history import STEP_KEY, RunHistory, eval_file, held_out_curve, read_run
 from specroll.telemetry.plots import plot_run_curves
+from specroll.telemetry.rollout_log import ROLLOUTS_NAME, RolloutLog
 from specroll.telemetry.run_summary import format_summary
 from specroll.telemetry.sinks import JSONL_NAME
 
 CONF_ENV = "SPECROLL_CONF"
 CONFIG_NAME = "config.yaml"  # under run_dir: the resolved config of the latest launch
 CURVES_NAME = "run_curves.png"  # under run_dir: the run's curves, drawn at its end
-EVALS = "evals"  # under run_dir: step_XXXXXXXX.json, the held-out evaluation of that checkpoint's policy
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks, kept for ours
 # Errors whose message names what failed (a config field, a file or folder, the Ray address, an actor, a lost
 # cluster): a traceback adds nothing. OSError holds PermissionError, FileNotFoundError and ConnectionError.
@@ -90,6 +90,7 @@ class Run:
     actors: RunActors | None = None
     stream: PromptStream | None = None
     logger: MetricsLogger | None = None  # set last: a run with a logger has begun its steps
+    rollout_log: RolloutLog | None = None  # every response, with logger.rollouts
     first_step: int = 0  # the resumed checkpoint's step; 0 afresh
     last_checkpoint: str | None = None  # the newest one written or resumed from
     held_out: list[Problem] | None = None  # the problems `eval_every` evaluates on; None without
@@ -180,6 +181,8 @@ def prepare(run: Run) -> None:
     if resumed:
         run.first_step, run.last_checkpoint = resumed.step, str(resumed.path)
         run.stream.load_state_dict(resumed.data_position)
+    if cfg.logger.rollouts:
+        run.rollout_log = RolloutLog(run.run_dir / ROLLOUTS_NAME, run.first_step)
     run.logger = MetricsLogger(cfg.logger, run.run_dir, config=cfg.to_dict(),
                                run_id=resumed.wandb_run_id if resumed else None, first_step=run.first_step)
 
@@ -207,6 +210,9 @@ def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | N
         if on_phase is not None:
             on_phase(step, name, actors)
 
+    if run.first_step == 0 and cfg.eval_every and cfg.eval.before_training:
+        initial = evaluate_policy(run, 0)
+        tqdm.write(f"before training: held-out accuracy {initial[m.EVAL_ACCURACY]:.2f} ({run.last_eval})")
     with StepProgress(cfg.total_steps, run.first_step) as progress:
         launched = None  # the next step's rollouts, when launched early (overlap)
         checkpoint_s = 0.0  # saving the checkpoint after the previous step
@@ -231,6 +237,8 @@ def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | N
                                    time.perf_counter() - started + checkpoint_s)
             metrics.update(evaluation)
             run.logger.log(step, metrics)  # before the checkpoint that covers the step
+            if run.rollout_log is not None:
+                run.rollout_log.write(rollouts)
             progress.update(step, metrics)
             steps.append(metrics)
             if checkpoint_due(cfg, step):
@@ -268,11 +276,18 @@ def evaluate_if_due(run: Run, step: int) -> dict[str, float]:
     cfg, done = run.cfg, step + 1
     if not cfg.eval_every or (done % cfg.eval_every and done != cfg.total_steps):
         return {}
+    return evaluate_policy(run, done)
+
+
+def evaluate_policy(run: Run, done: int) -> dict[str, float]:
+    """The learner's policy (after `done` updates) on the held-out problems: `eval/*` and its time;
+    the report written to evals/."""
+    cfg = run.cfg
     started, plan = time.perf_counter(), eval_plan(cfg.rollout, cfg.eval)
     version = run.actors.sync_policy()
     results = run.actors.evaluate(run.held_out, plan, cfg.eval.batch_size)
     report = EvalReport(f"{cfg.run_dir} (policy version {version})", done, results, plan.ks)
-    run.last_eval = str(report.write(run.run_dir / EVALS / f"step_{done:08d}.json"))
+    run.last_eval = str(report.write(eval_file(cfg.run_dir, done)))
     return {**report.metrics(), m.TIME_EVAL: time.perf_counter() - started}
 
 
@@ -293,7 +308,7 @@ def report(run: Run, steps: list[dict[str, float]]) -> RunSummary:
     else:
         rows = [{STEP_KEY: step, **metrics} for step, metrics in enumerate(steps, start=run.first_step)]
         history = RunHistory(run_dir.name, rows)
-    curves_file, table = run_report(history, run_dir / CURVES_NAME)
+    curves_file, table = run_report(history, run_dir / CURVES_NAME, held_out_curve(run_dir))
     return RunSummary(
         run_dir=str(run_dir),
         first_step=run.first_step,
@@ -325,6 +340,8 @@ def teardown(run: Run) -> None:
     """Close what the run opened (the logger, the actors, Ray if started here), in that order."""
     if run.logger is not None:
         run.logger.close()
+    if run.rollout_log is not None:
+        run.rollout_log.close()
     if run.actors is not None:
         run.actors.shutdown()
     if run.started_ray:
@@ -432,12 +449,13 @@ def step_metrics(rollouts: Rollouts, trained: LearnerUpdate, heads: dict, weight
     return metrics
 
 
-def run_report(history: RunHistory, curves_path: Path) -> tuple[str | None, str | None]:
+def run_report(history: RunHistory, curves_path: Path,
+               held_out: list[tuple[int, float]]) -> tuple[str | None, str | None]:
     """The run's curves drawn to `curves_path`, and its end-of-run table; (None, None) without steps."""
     if not history.rows:
         return None, None
     plot_run_curves(history, curves_path)
-    return str(curves_path), format_summary(history)
+    return str(curves_path), format_summary(history, held_out)
 
 
 def wandb_location(logger: MetricsLogger) -> str | None:

@@ -137,12 +137,14 @@ def test_eval_every_logs_evals_and_the_command_reproduces_the_last(ray_cluster, 
                             "eval.batch_size=2", "cluster.num_rollout_actors=2"])
     summary = run_training(cfg)
     evals = Path(cfg.run_dir) / "evals"
-    assert sorted(p.name for p in evals.iterdir()) == ["step_00000002.json", "step_00000003.json"]
+    # the initial policy (eval.before_training), then after updates 2 and 3 (the last)
+    assert sorted(p.name for p in evals.iterdir()) == ["step_00000000.json", "step_00000002.json", "step_00000003.json"]
+    assert json.loads((evals / "step_00000000.json").read_text())["step"] == 0
     assert summary.last_eval == str(evals / "step_00000003.json")
     rows = [json.loads(line) for line in Path(summary.metrics_file).read_text().splitlines()]
     assert [m.EVAL_ACCURACY in r for r in rows] == [False, True, True]
     assert all(r[m.EVAL_PROBLEMS] == 3 and 0 <= r[m.pass_at(2)] <= 1 and r[m.TIME_EVAL] > 0 for r in rows[1:])
-    assert "held-out accuracy, first -> last eval" in summary.table
+    assert "held-out accuracy, first -> last eval" in summary.table and "(after 0 -> 3 updates)" in summary.table
     last = json.loads((evals / "step_00000003.json").read_text())
     assert last["metrics"] == {k: rows[2][k] for k in last["metrics"]}
 

@@ -58,3 +58,11 @@ def test_plain_steps_show_what_trees_would_have_carried_and_why_plain():
     assert dict(summary_rows(RunHistory("r", without_profile)))["while decoding plain"].endswith(
         "; plain chosen by the budget policy")
     assert "while decoding plain" not in dict(summary_rows(RunHistory("r", ROWS)))  # no would-be tree scored
+
+
+def test_held_out_accuracy_from_the_evaluations_written_includes_the_one_before_training():
+    rows = [dict(ROWS[0], **{"eval/accuracy": 0.4}), dict(ROWS[1]), dict(ROWS[2], **{"eval/accuracy": 0.6})]
+    assert dict(summary_rows(RunHistory("r", rows)))["held-out accuracy, first -> last eval"] == "0.40 -> 0.60"
+    evaluations = [(0, 0.25), (1, 0.4), (3, 0.6)]  # (updates, accuracy), as evals/ holds them
+    assert dict(summary_rows(RunHistory("r", rows), evaluations))["held-out accuracy, first -> last eval"] == (
+        "0.25 -> 0.60 (after 0 -> 3 updates)")

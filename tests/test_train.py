@@ -1,7 +1,8 @@
 """The driver (`specroll.train`) end to end on a real local Ray cluster with a tiny model:
 failures name the actor, resume=auto continues where the last checkpoint left off, Hydra
 overrides change what runs, invalid configs fail before anything starts, errors reach the
-user as their message alone, and the slow path's head updates reach every rollout actor."""
+user as their message alone, the slow path's head updates reach every rollout actor, and a
+speculative run samples the vanilla run's responses."""
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from specroll.learner import CheckpointDamagedError, GRPOLearner, LearnerConfig,
 from specroll.models import build_tiny_model
 from specroll.preflight import PreflightError
 from specroll.telemetry import metric_names as m
+from specroll.tools.compare_runs import main as compare_main
 from specroll.train import checkpoint_to_resume, describe, errors_as_messages, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,3 +246,23 @@ def test_the_quickstart_preset_ends_with_its_table_and_curves(ray_cluster, tmp_p
     assert "gen " in table and "update " in table  # the phases that took time are named
     described = describe(summary)
     assert f"curves:       {png}" in described and table in described
+
+
+def test_a_speculative_run_samples_the_vanilla_runs_responses_and_learns_the_same(ray_cluster, tmp_path):
+    """Exactness as a user sees it: the same seed with rollout=vanilla gives the same responses, step
+    by step, hence the same updates, rewards and held-out evaluations (`tools.compare_runs`)."""
+    common = ["logger.rollouts=true", "checkpoint_every=0", "rollout.temperature=0.7", "rollout.top_p=0.9",
+              "eval_every=2", "eval.limit=2", "eval.batch_size=2"]
+    runs = {}
+    for mode in ("speculation", "vanilla"):
+        cfg = config(tmp_path / mode, [f"rollout={mode}", *common])
+        run_training(cfg)
+        runs[mode] = cfg.run_dir
+    out = compare_main([runs["speculation"], runs["vanilla"], "--plot", str(tmp_path / "curves.png")])
+    assert out["responses"] == 8 and out["identical"] == 8 and out["first_difference_step"] is None
+    assert all(s["same_prompts"] and s["reward_a"] == s["reward_b"] for s in out["steps"])
+    curves = list(out["held_out"].values())
+    assert curves[0] == curves[1] and [updates for updates, _ in curves[0]] == [0, 2]
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    rows = {mode: read_jsonl(Path(run_dir) / "metrics.jsonl") for mode, run_dir in runs.items()}
+    assert [r["train/loss"] for r in rows["speculation"]] == [r["train/loss"] for r in rows["vanilla"]]

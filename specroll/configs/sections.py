@@ -182,6 +182,7 @@ class EvalSection:
     # same weights give the same responses in both
     batch_size: int = 16
     seed: int = 0  # seeds the pass@k samples
+    before_training: bool = True  # with eval_every: also evaluate the initial policy before a fresh run's first step
 
     def __post_init__(self) -> None:
         if not self.split:

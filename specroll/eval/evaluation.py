@@ -141,3 +141,4 @@ def evaluate(engine: RolloutEngine, tokenizer, problems: list[Problem], instruct
         if on_batch is not None:
             on_batch(len(batch))
     return EvalReport(source, step, results, plan.ks)
+

@@ -18,6 +18,7 @@ class LoggerSection:
     run_name: str | None = None  # W&B display name; null lets W&B pick one
     jsonl: bool = True  # append one JSON line per step to run_dir/metrics.jsonl
     console: bool = True  # print one line of metrics per step
+    rollouts: bool = False  # append each step's responses (token ids, rewards) to run_dir/rollouts.jsonl
 
     def __post_init__(self) -> None:
         for name, choices in (("backend", LOGGER_BACKENDS), ("mode", WANDB_MODES)):

@@ -1,4 +1,5 @@
-"""A run's logged metrics read back: `run_dir/metrics.jsonl`, one row per training step.
+"""A run's logged metrics read back: `run_dir/metrics.jsonl`, one row per training step, and its
+held-out evaluations (`run_dir/evals/`).
 
     runs = read_runs(["runs/quickstart", "runs/vanilla"])
     steps, values = runs[0].series(metric_names.STEP_TIME_S)
@@ -14,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .metric_names import check_metric_name, current_name
+from .metric_names import EVAL_ACCURACY, check_metric_name, current_name
 from .sinks import JSONL_NAME, lines_before
 
 STEP_KEY = "step"  # each row's training step (the JSONL sink's key, not a metric)
@@ -80,3 +81,19 @@ def read_runs(runs: Iterable[str | Path | RunHistory] | Mapping[str, str | Path]
     if isinstance(runs, (str, Path, RunHistory)):
         runs = [runs]
     return [run if isinstance(run, RunHistory) else read_run(run) for run in runs]
+
+
+EVALS = "evals"  # under run_dir: step_XXXXXXXX.json, the policy after that many updates (0: before training)
+
+
+def eval_file(run_dir: str | Path, updates: int) -> Path:
+    return Path(run_dir) / EVALS / f"step_{updates:08d}.json"
+
+
+def held_out_curve(run_dir: str | Path) -> list[tuple[int, float]]:
+    """(updates behind the policy, greedy accuracy) of each evaluation a run wrote, in order."""
+    curve = []
+    for path in sorted((Path(run_dir) / EVALS).glob("step_*.json")):
+        evaluation = json.loads(path.read_text())
+        curve.append((evaluation["step"], evaluation["metrics"][EVAL_ACCURACY]))
+    return curve

@@ -7,7 +7,8 @@ figure when given a path and returns it (a notebook shows a returned figure).
 Runs (`runs`: run directories, {label: directory}, or `RunHistory`s; see `history.read_runs`):
 `plot_run_curves` draws every panel of `RUN_PANELS` in one figure, `plot_run_panel` one of them.
 Comparisons of rollout modes: `plot_tokens_per_pass` (also the adaptation benchmark's),
-`plot_budget_trace`, `plot_speedup_by_concurrency`. Draft yield: `plot_yield_by_budget`.
+`plot_budget_trace`, `plot_speedup_by_concurrency`. Draft yield: `plot_yield_by_budget`. What runs
+learned, side by side: `plot_learning_curves`.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from . import metric_names as m
-from .history import RunHistory, read_runs
+from .history import RunHistory, held_out_curve, read_runs
 from .run_summary import acceptance_by_depth
 
 Runs = Sequence[str | Path | RunHistory] | Mapping[str, str | Path] | str | Path | RunHistory
@@ -348,6 +349,32 @@ def plot_yield_by_budget(sources: Mapping[str, Mapping[str, Sequence[tuple[int, 
         ax.set_title(setting, fontsize="medium")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("tokens per verify pass")
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    return saved(fig, path)
+
+
+def plot_learning_curves(runs: Mapping[str, str | Path], path: str | Path | None = None, title: str = "") -> Figure:
+    """What a run learned, runs side by side: the rollouts' reward and accuracy per step, and the
+    greedy accuracy on held-out problems against the updates behind the policy (run_dir/evals/)."""
+    histories = read_runs(runs)
+    fig = Figure(figsize=(13, 4.5), layout="constrained")
+    rewards, held_out = fig.subplots(1, 2)
+    draw_rewards(rewards, histories)
+    for i, (name, run_dir) in enumerate(runs.items()):
+        curve = held_out_curve(run_dir)
+        styles = dict(marker="o", color=f"C{i}") if i == 0 else dict(marker="x", linestyle="--", color=f"C{i}")
+        held_out.plot([u for u, _ in curve], [a for _, a in curve], label=name, **styles)
+    step_axis(held_out)
+    held_out.set_xlabel("policy updates")
+    held_out.set_ylabel("share of held-out problems solved (greedy)")
+    held_out.set_title("held-out accuracy", fontsize="medium")
+    if any(line.get_xdata().size for line in held_out.get_lines()):
+        held_out.legend(fontsize="small")
+    else:
+        no_data(held_out, "held-out evaluations (eval_every)")
+    for ax in (rewards, held_out):
+        ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize="medium")
     return saved(fig, path)

@@ -64,8 +64,9 @@ def would_be_line(run: RunHistory) -> str | None:
     return f"trees would carry {carried:.2f} tokens per verify pass (would-be, {nodes:.0f} nodes); {why}"
 
 
-def summary_rows(run: RunHistory) -> list[tuple[str, str]]:
-    """(what, value) lines of the end-of-run table."""
+def summary_rows(run: RunHistory, held_out: Sequence[tuple[int, float]] = ()) -> list[tuple[str, str]]:
+    """(what, value) lines of the end-of-run table; `held_out`: the run's (updates, accuracy) evaluations
+    as written to evals/, the one before training included (without them the `eval/*` metrics give the row)."""
     def fmt(value: float | None, spec: str = ".2f") -> str:
         return "-" if value is None else format(value, spec)
 
@@ -84,9 +85,12 @@ def summary_rows(run: RunHistory) -> list[tuple[str, str]]:
         if values:
             first, last = first_and_last(values)
             rows.append((f"{what}, first -> last steps", f"{fmt(first)} -> {fmt(last)}"))
-    held_out = run.series(m.EVAL_ACCURACY)[1]
     if held_out:
-        rows.append(("held-out accuracy, first -> last eval", f"{fmt(held_out[0])} -> {fmt(held_out[-1])}"))
+        (first_updates, first), (last_updates, last) = held_out[0], held_out[-1]
+        rows.append(("held-out accuracy, first -> last eval",
+                     f"{fmt(first)} -> {fmt(last)} (after {first_updates} -> {last_updates} updates)"))
+    elif accuracy := run.series(m.EVAL_ACCURACY)[1]:
+        rows.append(("held-out accuracy, first -> last eval", f"{fmt(accuracy[0])} -> {fmt(accuracy[-1])}"))
     zero_std = run.series(m.FRAC_ZERO_STD_GROUPS)[1]
     if zero_std:
         rows.append(("groups with no reward signal", fmt(mean(zero_std), ".0%")))
@@ -99,7 +103,7 @@ def summary_rows(run: RunHistory) -> list[tuple[str, str]]:
     return rows
 
 
-def format_summary(run: RunHistory) -> str:
-    rows = summary_rows(run)
+def format_summary(run: RunHistory, held_out: Sequence[tuple[int, float]] = ()) -> str:
+    rows = summary_rows(run, held_out)
     width = max(len(what) for what, _ in rows)
     return "\n".join(f"  {what:<{width}}  {value}" for what, value in rows)
