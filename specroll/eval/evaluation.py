@@ -141,4 +141,3 @@ def evaluate(engine: RolloutEngine, tokenizer, problems: list[Problem], instruct
         if on_batch is not None:
             on_batch(len(batch))
     return EvalReport(source, step, results, plan.ks)
-
