@@ -43,7 +43,8 @@ def test_a_tiny_run_measures_every_source_under_the_oracle_and_draws_the_figure(
         if row["source"] != "heads":  # --would-be's default
             assert "would_be_tokens_per_pass" not in row
             continue
-        assert row["would_be_same_responses"] == 1.0 and row["would_be_passes"] > 0  # plain, coupled: the trees' responses
+        # Decoded plain with coupled draws: the responses of the heads' trees.
+        assert row["would_be_same_responses"] == 1.0 and row["would_be_passes"] > 0
         assert row["would_be_vs_trees"] == row["would_be_tokens_per_pass"] / row["tokens_per_pass"] - 1
         assert abs(row["would_be_vs_trees"]) < 0.05  # the same drafts scored, not run
     for s in SAMPLINGS:

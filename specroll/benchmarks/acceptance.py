@@ -260,7 +260,8 @@ def main(argv=None) -> dict:
           f"x {args.group} responses x {args.max_new_tokens} new tokens, {args.epochs} epochs; "
           f"budgets {args.budgets}; sources {list(source_settings(SOURCES))}", flush=True)
     rows, started = [], time.perf_counter()
-    calls = len(SAMPLINGS) * len(args.budgets) * (len(source_settings(SOURCES)) + 1) * args.epochs  # + the would-be runs
+    runs = len(source_settings(SOURCES)) + 1  # every source's trees, and the would-be source decoding plain
+    calls = len(SAMPLINGS) * len(args.budgets) * runs * args.epochs
     bar = tqdm(total=calls, desc="generate calls", unit="call")
     for sampling, values in SAMPLINGS.items():
         for budget in args.budgets:
