@@ -1,5 +1,6 @@
 """The yield benchmark: which sources it can measure alone, and a tiny end-to-end run whose
-sources decode the same responses and stay under the oracle bound."""
+sources decode the same responses and stay under the oracle bound, and whose would-be trees
+score the heads' drafts on those responses decoded plain."""
 import json
 
 from specroll.benchmarks.acceptance import COMBINED, SAMPLINGS, SOURCES, main, markdown_table, source_settings
@@ -39,8 +40,16 @@ def test_a_tiny_run_measures_every_source_under_the_oracle_and_draws_the_figure(
         assert 1.0 < row["tokens_per_pass"] <= row["oracle_tokens_per_pass"] * 1.02
         assert row["fraction_of_oracle"] == row["tokens_per_pass"] / row["oracle_tokens_per_pass"] <= 1.02
         assert row["break_even_plain_steps"] == row["tokens_per_pass"]
+        if row["source"] != "heads":  # --would-be's default
+            assert "would_be_tokens_per_pass" not in row
+            continue
+        # Decoded plain with coupled draws: the responses of the heads' trees.
+        assert row["would_be_same_responses"] == 1.0 and row["would_be_passes"] > 0
+        assert row["would_be_vs_trees"] == row["would_be_tokens_per_pass"] / row["tokens_per_pass"] - 1
+        assert abs(row["would_be_vs_trees"]) < 0.05  # the same drafts scored, not run
     for s in SAMPLINGS:
         oracle = [r["oracle_tokens_per_pass"] for r in rows if r["sampling"] == s and r["source"] == sources[0]]
         assert oracle[1] > oracle[0]  # a larger budget lets a perfect drafter emit more
     assert result["table"] == markdown_table(rows) and len(result["table"].splitlines()) == 2 + 2 * len(SAMPLINGS)
+    assert result["table"].splitlines()[0].endswith("| would-be (heads) |")
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -16,8 +16,13 @@ The prompts are decoded `--epochs` times with a new seed each, one decoder per s
 and budget across them, as RL revisits its prompts every epoch: a source that drafts from
 earlier rollouts has them from the second epoch on (the JSON holds each epoch's figures).
 
+One source (`--would-be`, the heads by default) also decodes the same prompts and seeds plain,
+scoring a would-be tree of each budget at every plain step (speculation/verification/would_be.py):
+the `would-be` column is the tokens per verify pass those trees would have carried, beside what
+the same drafts measured as real trees (their relative difference in brackets).
+
     python -m specroll.benchmarks.acceptance [--quick] [--policy smollm2-135m-instruct | HF_DIR | RUN_CHECKPOINT]
-        [--heads shipped | FILE] [--budgets 4 8 16] [--json runs/bench_acceptance.json]
+        [--heads shipped | FILE] [--budgets 4 8 16] [--would-be heads] [--json runs/bench_acceptance.json]
 """
 from __future__ import annotations
 
@@ -72,10 +77,10 @@ def source_settings(sources: dict[str, str | None]) -> dict[str, dict[str, bool]
 class Tally:
     """Tokens emitted and verify passes over live rows, per epoch."""
 
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[float] = field(default_factory=list)
     passes: list[int] = field(default_factory=list)
 
-    def add(self, tokens: int, passes: int) -> None:
+    def add(self, tokens: float, passes: int) -> None:
         self.tokens.append(tokens)
         self.passes.append(passes)
 
@@ -94,23 +99,53 @@ def tree_tally(out: RolloutOutput) -> tuple[int, int]:
     return sum(k * n for k, n in hist.items()), sum(hist.values())
 
 
+def decode_epochs(engine: RolloutEngine, prompts, sampling: tuple[float, float], args, bar: tqdm):
+    """[(sampling params, output)] of each epoch's generate call, a new seed each; each epoch's
+    responses are the next one's history."""
+    temperature, top_p = sampling
+    runs = []
+    for epoch in range(args.epochs):
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=args.max_new_tokens,
+                                n=args.group, seed=args.seed + epoch)
+        out = engine.generate(prompts, params)
+        engine.decoder.remember_responses(prompts, out.token_ids, args.group)
+        bar.update()
+        runs.append((params, out))
+    return runs
+
+
+def plain_with_would_be(cfg: SpeculationConfig) -> SpeculationConfig:
+    """`cfg`'s drafts as would-be trees of its fixed_nodes, one scored from every plain step where
+    a row holds none; a capacity of one node per row never sizes a tree, so every step is plain."""
+    return replace(cfg, budget="concurrency", capacity=1, would_be_every=1)
+
+
+def would_be_row(model, tokenizer, heads: HorizonHeads, prompts, cfg: SpeculationConfig, sampling: tuple[float, float],
+                 args, bar: tqdm, tree_yield: float, tree_responses: list) -> dict:
+    """What `cfg`'s drafts would have carried as would-be trees while decoding plain, beside what
+    they carried as real trees (`tree_yield` tokens per pass, `tree_responses` by epoch)."""
+    engine = RolloutEngine(model, tokenizer, SpeculativeDecoder(model, plain_with_would_be(cfg), heads=heads))
+    tally, same = Tally(), 0
+    for epoch, (_, out) in enumerate(decode_epochs(engine, prompts, sampling, args, bar)):
+        tally.add(out.stats.tree.would_be_tokens, out.stats.tree.would_be_passes)
+        same += sum(a == b for a, b in zip(out.token_ids, tree_responses[epoch]))
+    return {"would_be_tokens_per_pass": tally.per_pass, "would_be_tokens_per_pass_by_epoch": tally.per_pass_by_epoch,
+            "would_be_passes": sum(tally.passes), "would_be_vs_trees": tally.per_pass / tree_yield - 1,
+            "would_be_same_responses": same / (len(prompts) * args.group * args.epochs)}
+
+
 def measure_setting(model, tokenizer, heads: HorizonHeads, prompts, base: SpeculationConfig, sampling: tuple[float, float],
                     budget: int, args, bar: tqdm) -> list[dict]:
-    """Every source at one sampling setting and budget, over the epochs: one row per source."""
-    temperature, top_p = sampling
+    """Every source at one sampling setting and budget, over the epochs: one row per source (the
+    `--would-be` source's with its would-be yield)."""
     settings = source_settings(SOURCES)
     oracle, reference = Tally(), {}  # reference: epoch -> the first source's responses
     rows = []
     for name, overrides in settings.items():
         cfg = replace(base, fixed_nodes=budget, max_nodes=budget, **overrides)
         engine = RolloutEngine(model, tokenizer, SpeculativeDecoder(model, cfg, heads=heads))
-        tally, same, responses, depth, lookup_share = Tally(), 0, 0, [], []
-        for epoch in range(args.epochs):
-            params = SamplingParams(temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=args.max_new_tokens,
-                                    n=args.group, seed=args.seed + epoch)
-            out = engine.generate(prompts, params)
-            engine.decoder.remember_responses(prompts, out.token_ids, args.group)  # the next epoch's history
-            bar.update()
+        tally, same, responses, depth, lookup_share = Tally(), 0, [], [], []
+        for epoch, (params, out) in enumerate(decode_epochs(engine, prompts, sampling, args, bar)):
             tally.add(*tree_tally(out))
             depth.append(out.stats.tree.acceptance_by_depth)
             lookup_share.append(out.stats.tree.lookup_token_share)
@@ -119,12 +154,15 @@ def measure_setting(model, tokenizer, heads: HorizonHeads, prompts, base: Specul
                 probabilities = response_probabilities(model, prompts, out.token_ids, params)
                 oracle.add(*oracle_passes(probabilities, [budget], heads.num_heads))
             same += sum(a == b for a, b in zip(out.token_ids, reference[epoch]))
-            responses += len(out.token_ids)
-        rows.append({"source": name, "overrides": overrides, "tokens_per_pass": tally.per_pass,
-                     "tokens_per_pass_by_epoch": tally.per_pass_by_epoch, "verify_passes": sum(tally.passes),
-                     "same_responses": same / responses,
-                     "acceptance_by_depth": [sum(d) / len(d) for d in zip(*depth)],
-                     "lookup_token_share": sum(lookup_share) / len(lookup_share)})
+            responses.append(out.token_ids)
+        row = {"source": name, "overrides": overrides, "tokens_per_pass": tally.per_pass,
+               "tokens_per_pass_by_epoch": tally.per_pass_by_epoch, "verify_passes": sum(tally.passes),
+               "same_responses": same / sum(map(len, responses)),
+               "acceptance_by_depth": [sum(d) / len(d) for d in zip(*depth)],
+               "lookup_token_share": sum(lookup_share) / len(lookup_share)}
+        if name == args.would_be:
+            row |= would_be_row(model, tokenizer, heads, prompts, cfg, sampling, args, bar, tally.per_pass, responses)
+        rows.append(row)
     for row in rows:
         row |= {"oracle_tokens_per_pass": oracle.per_pass, "oracle_tokens_per_pass_by_epoch": oracle.per_pass_by_epoch,
                 "fraction_of_oracle": row["tokens_per_pass"] / oracle.per_pass if sum(oracle.passes) else float("nan"),
@@ -133,15 +171,29 @@ def measure_setting(model, tokenizer, heads: HorizonHeads, prompts, base: Specul
     return rows
 
 
+def would_be_note(row: dict) -> str:
+    """The progress line's would-be part (empty for the sources measured as trees alone)."""
+    if "would_be_tokens_per_pass" not in row:
+        return ""
+    return (f"; would-be {row['would_be_tokens_per_pass']:.2f} ({row['would_be_vs_trees']:+.1%}, "
+            f"{row['would_be_passes']} trees, same responses {row['would_be_same_responses']:.0%})")
+
+
 def markdown_table(rows: list[dict]) -> str:
     """One line per sampling setting and budget: the oracle, then each source's tokens per pass
-    (= break-even plain steps per tree step) with its fraction of the oracle."""
+    (= break-even plain steps per tree step) with its fraction of the oracle, then the would-be
+    yield of the `--would-be` source with its difference from that source's trees."""
     sources = list(dict.fromkeys(r["source"] for r in rows))
-    lines = ["| sampling | nodes | oracle | " + " | ".join(sources) + " |", "|---|---:|---:|" + "---:|" * len(sources)]
+    would_be = next((r["source"] for r in rows if "would_be_tokens_per_pass" in r), None)
+    columns = sources + ([f"would-be ({would_be})"] if would_be else [])
+    lines = ["| sampling | nodes | oracle | " + " | ".join(columns) + " |", "|---|---:|---:|" + "---:|" * len(columns)]
     for key in dict.fromkeys((r["sampling"], r["budget"]) for r in rows):
         group = {r["source"]: r for r in rows if (r["sampling"], r["budget"]) == key}
         cells = [f"{group[s]['tokens_per_pass']:.2f} ({group[s]['fraction_of_oracle']:.0%})" if s in group else "-"
                  for s in sources]
+        if would_be:
+            row = group.get(would_be, {})
+            cells.append(f"{row['would_be_tokens_per_pass']:.2f} ({row['would_be_vs_trees']:+.1%})" if row else "-")
         oracle = next(iter(group.values()))["oracle_tokens_per_pass"]
         lines.append(f"| {key[0]} | {key[1]} | {oracle:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -161,6 +213,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--budgets", type=int, nargs="+", default=None, help="nodes per response, root included")
     ap.add_argument("--epochs", type=int, default=2, help="passes over the same prompts, a new seed each")
+    ap.add_argument("--would-be", default="heads", choices=list(source_settings(SOURCES)),
+                    help="the source whose drafts are also scored as would-be trees while decoding plain")
     ap.add_argument("--seed", type=int, default=0)
     add_machine_flags(ap)
     ap.add_argument("--json", type=Path, default=None, help="every row, the table and the arguments")
@@ -206,7 +260,8 @@ def main(argv=None) -> dict:
           f"x {args.group} responses x {args.max_new_tokens} new tokens, {args.epochs} epochs; "
           f"budgets {args.budgets}; sources {list(source_settings(SOURCES))}", flush=True)
     rows, started = [], time.perf_counter()
-    calls = len(SAMPLINGS) * len(args.budgets) * len(source_settings(SOURCES)) * args.epochs
+    runs = len(source_settings(SOURCES)) + 1  # every source's trees, and the would-be source decoding plain
+    calls = len(SAMPLINGS) * len(args.budgets) * runs * args.epochs
     bar = tqdm(total=calls, desc="generate calls", unit="call")
     for sampling, values in SAMPLINGS.items():
         for budget in args.budgets:
@@ -214,12 +269,13 @@ def main(argv=None) -> dict:
                 rows.append({"sampling": sampling, "temperature": values[0], "top_p": values[1], "budget": budget} | row)
                 bar.write(f"{sampling}, {budget} nodes, {row['source']}: {row['tokens_per_pass']:.2f} tokens per pass, "
                           f"oracle {row['oracle_tokens_per_pass']:.2f} ({row['fraction_of_oracle']:.0%}), "
-                          f"same responses {row['same_responses']:.0%}")
+                          f"same responses {row['same_responses']:.0%}" + would_be_note(row))
     bar.close()
     elapsed = time.perf_counter() - started
     table = markdown_table(rows)
     print("\ntokens per verify pass = the break-even cost: plain steps a tree step of that budget may cost and "
-          "still pay (fraction of the oracle bound in brackets)\n" + table + f"\n({elapsed:.0f} s)")
+          "still pay (fraction of the oracle bound in brackets); would-be: what the same drafts would have carried "
+          "while decoding plain (difference from their trees in brackets)\n" + table + f"\n({elapsed:.0f} s)")
 
     from ..telemetry.plots import plot_yield_by_budget
 
