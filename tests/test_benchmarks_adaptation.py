@@ -165,3 +165,8 @@ def test_several_seeds_run_apart_and_pool(tmp_path):
     for seed in (5, 6):  # each seed's own JSON and plot, as a single run writes them
         assert json.loads((tmp_path / f"seeds_seed{seed}.json").read_text())["args"]["seed"] == str(seed)
         assert (tmp_path / f"seeds_seed{seed}.png").stat().st_size > 1000
+
+
+def test_a_built_policy_b_is_refused_more_synthetic_prompts_than_it_left_out(tmp_path):
+    with pytest.raises(ValueError, match="300 synthetic prompts: the built policy B"):
+        main(["--rounds", "300", "--prompts", "1", "--data-path", str(tmp_path / "absent.jsonl")])

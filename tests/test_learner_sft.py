@@ -18,6 +18,7 @@ from specroll.learner.sft import (
     packed_attention_mask,
     response_nll_sum,
     save_result,
+    split_problems,
     train_sft,
 )
 from specroll.models import build_tiny_model, load_causal_lm
@@ -138,6 +139,15 @@ def test_saved_policy_loads_with_the_trained_logits(tmp_path, tokenizer):
         assert not torch.allclose(tiny_policy()(ids).logits, result.module(ids).logits)
     assert loaded_tokenizer.encode("#### 42") == tokenizer.encode("#### 42")
     assert json.loads((out / SUMMARY_FILE).read_text()) == {"note": "test"}
+
+
+def test_split_holds_out_the_last_problems_and_trains_on_the_first_after_the_skipped():
+    problems = toy_problems(10)
+    train, heldout = split_problems(problems, eval_examples=2, limit=3, skip=4)
+    assert train == problems[4:7] and heldout == problems[8:]
+    assert split_problems(problems, 2, None, skip=5)[0] == problems[5:8]
+    with pytest.raises(ValueError, match="skip=8 leaves none of the 8 problems"):
+        split_problems(problems, 2, None, skip=8)
 
 
 def write_gsm8k(path, problems: list[Problem]) -> None:

@@ -415,9 +415,10 @@ def format_eval(result: dict[str, float]) -> str:
 
 # -- data selection and caching ---------------------------------------------------------
 
-def split_problems(problems: list[Problem], eval_examples: int, limit: int | None) -> tuple[list[Problem], list[Problem]]:
+def split_problems(problems: list[Problem], eval_examples: int, limit: int | None,
+                   skip: int = 0) -> tuple[list[Problem], list[Problem]]:
     """(train, held-out): the last `eval_examples` problems are held out; train is the first
-    `limit` of the rest (all of it when None)."""
+    `limit` of the rest (all of it when None) after its first `skip`."""
     if not problems:
         raise ValueError("the dataset holds no problems")
     if len(problems) <= eval_examples:
@@ -427,8 +428,12 @@ def split_problems(problems: list[Problem], eval_examples: int, limit: int | Non
         )
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive int or None, got {limit!r}")
+    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
+        raise ValueError(f"skip must be an int >= 0, got {skip!r}")
     rest, heldout = problems[:-eval_examples], problems[-eval_examples:]
-    return rest[:limit], heldout
+    if skip >= len(rest):
+        raise ValueError(f"skip={skip} leaves none of the {len(rest)} problems that are not held out to train on")
+    return rest[skip:][:limit], heldout
 
 
 def problems_digest(problems: list[Problem]) -> str:

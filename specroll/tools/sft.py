@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, SFTConfig]:
     out_help = "output HF directory (default ~/.cache/specroll/sft/<model>-<dataset><limit>-e<epochs>)"
     add_common_flags(p, out_help, one_dataset=True, dtypes=None)
     p.add_argument("--limit", type=int, default=None, help="train on the first N problems (after holding out)")
+    p.add_argument("--skip", type=int, default=0,
+                   help="leave out the first N problems before --limit counts (those a benchmark prompts with)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's choice; 1 is fastest on an oversubscribed CPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.dataset == "gsm8k" and args.data_path is None:
         raise ValueError("--data-path is required for gsm8k (runs download nothing)")
     problems = load_problems(args.dataset, path=args.data_path)
-    train_problems, heldout_problems = split_problems(problems, cfg.eval_examples, args.limit)
+    train_problems, heldout_problems = split_problems(problems, cfg.eval_examples, args.limit, args.skip)
     out = Path(args.out).expanduser() if args.out else default_out(args.model, args.dataset, args.limit, cfg.epochs)
     recipe = {
         "model": model_identity(args.model),
