@@ -15,6 +15,7 @@ from specroll.learner.sft import SFTConfig
 from specroll.speculation.head_training.samples import SampleConfig
 from specroll.speculation.head_training.training import HeadTrainConfig
 from specroll.tools.flags import DEFAULT_MODEL, add_config_arguments, config_from_args, field_docs
+from specroll.tools.compare_runs import parse_args as compare_runs_args
 from specroll.tools.export import parse_args as export_args
 from specroll.tools.pretrain_drafter import parse_args as pretrain_args
 from specroll.tools.profile import parse_args as profile_args
@@ -158,7 +159,7 @@ def test_every_command_takes_the_common_flags_with_the_same_defaults():
 
 
 TOOL_PARSERS = {"sft": sft_args, "train_heads": train_heads_args, "pretrain_drafter": pretrain_args,
-                "profile": profile_args, "export": export_args}
+                "profile": profile_args, "export": export_args, "compare_runs": compare_runs_args}
 # The module paths the shipped assets' summaries recorded, before the commands moved to specroll.tools.
 RECORDED_AS = {"specroll.spec.train_heads": "train_heads", "specroll.speculation.head_training.training": "train_heads",
                "specroll.fastgrpo.pretrain": "pretrain_drafter", "specroll.learner.sft": "sft"}
