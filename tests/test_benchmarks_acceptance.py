@@ -3,7 +3,18 @@ sources decode the same responses and stay under the oracle bound, and whose wou
 score the heads' drafts on those responses decoded plain."""
 import json
 
-from specroll.benchmarks.acceptance import COMBINED, SAMPLINGS, SOURCES, main, markdown_table, source_settings
+import pytest
+
+from specroll.benchmarks.acceptance import (
+    COMBINED,
+    SAMPLINGS,
+    SOURCES,
+    base_config,
+    config_overrides,
+    main,
+    markdown_table,
+    source_settings,
+)
 from specroll.speculation import SpeculationConfig
 
 
@@ -53,3 +64,27 @@ def test_a_tiny_run_measures_every_source_under_the_oracle_and_draws_the_figure(
     assert result["table"] == markdown_table(rows) and len(result["table"].splitlines()) == 2 + 2 * len(SAMPLINGS)
     assert result["table"].splitlines()[0].endswith("| would-be (heads) |")
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_set_changes_speculation_config_fields_read_as_yaml_and_names_a_bad_one():
+    overrides = config_overrides(["max_frontier=8", "calibration_momentum=0.5", "context_lookup=false"])
+    assert overrides == {"max_frontier": 8, "calibration_momentum": 0.5, "context_lookup": False}
+    cfg = base_config("path", 3, overrides)
+    assert (cfg.max_frontier, cfg.calibration_momentum, cfg.context_lookup) == (8, 0.5, False)
+    assert (cfg.num_heads, cfg.budget, cfg.max_children) == (3, "fixed", SpeculationConfig().max_children)
+    with pytest.raises(ValueError, match="max_frontier must be an int"):
+        base_config("path", 4, config_overrides(["max_frontier=many"]))
+    with pytest.raises(ValueError, match="max_fronteir: unknown key"):
+        base_config("path", 4, config_overrides(["max_fronteir=8"]))
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        config_overrides(["max_frontier"])
+
+
+def test_a_run_measures_only_the_sources_and_samplings_asked_for_with_the_config_set(tmp_path):
+    result = main(["--tiny", "--threads", "1", "--prompts", "1", "--group", "4", "--max-new-tokens", "12",
+                   "--budgets", "4", "--epochs", "1", "--sources", "lookup", COMBINED, "--samplings", "T=1",
+                   "--set", "max_frontier=2", "max_children=3", "--json", str(tmp_path / "a.json")])
+    assert [(r["sampling"], r["source"]) for r in result["rows"]] == [("T=1", "lookup"), ("T=1", COMBINED)]
+    assert not any("would_be_tokens_per_pass" in r for r in result["rows"])  # its source, heads, was not asked for
+    assert (result["config"]["max_frontier"], result["config"]["max_children"]) == (2, 3)
+    assert len(result["table"].splitlines()) == 3

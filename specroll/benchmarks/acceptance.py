@@ -23,19 +23,25 @@ the same drafts measured as real trees (their relative difference in brackets).
 
     python -m specroll.benchmarks.acceptance [--quick] [--policy smollm2-135m-instruct | HF_DIR | RUN_CHECKPOINT]
         [--heads shipped | FILE] [--budgets 4 8 16] [--would-be heads] [--json runs/bench_acceptance.json]
+        [--sources heads combined] [--samplings T=1] [--set max_frontier=8 ...]
+
+`--set` changes any `SpeculationConfig` field for every source (the tree selection, calibration,
+lookup lengths, ...), so a drafting change is measured against the same responses as the default.
 """
 from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
+import yaml
 from tqdm.auto import tqdm
 
 from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
 
+from ..configs.typed import build_dataclass
 from ..rollout import RolloutOutput, RolloutEngine, SamplingParams
 from .adaptation import load_heads, random_prompts, tiny_heads
 from .drift import load_snapshot, peaked_tiny_model
@@ -138,7 +144,7 @@ def measure_setting(model, tokenizer, heads: HorizonHeads, prompts, base: Specul
                     budget: int, args, bar: tqdm) -> list[dict]:
     """Every source at one sampling setting and budget, over the epochs: one row per source (the
     `--would-be` source's with its would-be yield)."""
-    settings = source_settings(SOURCES)
+    settings = {name: overrides for name, overrides in source_settings(SOURCES).items() if name in args.sources}
     oracle, reference = Tally(), {}  # reference: epoch -> the first source's responses
     rows = []
     for name, overrides in settings.items():
@@ -199,6 +205,24 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def config_overrides(assignments: list[str]) -> dict:
+    """`--set KEY=VALUE ...` as {field: value}, each value read as YAML (8, 0.5, true, [1, 2])."""
+    overrides = {}
+    for assignment in assignments:
+        key, sep, value = assignment.partition("=")
+        if not sep or not key:
+            raise ValueError(f"takes KEY=VALUE, got {assignment!r}")
+        overrides[key.strip()] = yaml.safe_load(value)
+    return overrides
+
+
+def base_config(head_type: str, num_heads: int, overrides: dict) -> SpeculationConfig:
+    """The drafter every source starts from: fixed budgets for such heads, with `--set`'s changes
+    (checked as the training config's are: an unknown field or a bad value names the field)."""
+    base = SpeculationConfig(head_type=head_type, num_heads=num_heads, budget="fixed", min_nodes=1)
+    return build_dataclass(SpeculationConfig, asdict(base) | overrides) if overrides else base
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy", default="smollm2-135m-instruct",
@@ -215,6 +239,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--epochs", type=int, default=2, help="passes over the same prompts, a new seed each")
     ap.add_argument("--would-be", default="heads", choices=list(source_settings(SOURCES)),
                     help="the source whose drafts are also scored as would-be trees while decoding plain")
+    ap.add_argument("--sources", nargs="+", default=list(source_settings(SOURCES)), choices=list(source_settings(SOURCES)),
+                    help="the sources to measure (default: each alone and combined)")
+    ap.add_argument("--samplings", nargs="+", default=list(SAMPLINGS), choices=list(SAMPLINGS),
+                    help="the sampling settings to measure (default: both)")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="SpeculationConfig fields changed for every source, e.g. max_frontier=8 max_children=16")
     ap.add_argument("--seed", type=int, default=0)
     add_machine_flags(ap)
     ap.add_argument("--json", type=Path, default=None, help="every row, the table and the arguments")
@@ -227,6 +257,11 @@ def parse_args(argv=None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if min(args.budgets) < 2:
         ap.error("--budgets must be >= 2 (a 1-node budget is plain decoding)")
+    try:
+        args.overrides = config_overrides(args.set)
+        base_config("path", 4, args.overrides)
+    except ValueError as exc:
+        ap.error(f"--set: {exc}")
     if args.plot is None:
         args.plot = args.json.with_suffix(".png") if args.json else Path("runs/bench_acceptance.png")
     return args
@@ -254,16 +289,18 @@ def main(argv=None) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model, tokenizer, heads, prompts, source = scenario(args)
-    base = SpeculationConfig(head_type=heads.head_type, num_heads=heads.num_heads, budget="fixed", min_nodes=1)
+    base = base_config(heads.head_type, heads.num_heads, args.overrides)
     policy = "tiny random policy" if args.tiny else args.policy
     print(f"{policy}, heads {'trained here' if args.tiny else args.heads}; {len(prompts)} prompts from {source} "
           f"x {args.group} responses x {args.max_new_tokens} new tokens, {args.epochs} epochs; "
-          f"budgets {args.budgets}; sources {list(source_settings(SOURCES))}", flush=True)
+          f"budgets {args.budgets}; sources {args.sources}" + (f"; set {args.overrides}" if args.overrides else ""),
+          flush=True)
     rows, started = [], time.perf_counter()
-    runs = len(source_settings(SOURCES)) + 1  # every source's trees, and the would-be source decoding plain
-    calls = len(SAMPLINGS) * len(args.budgets) * runs * args.epochs
+    runs = len(args.sources) + (args.would_be in args.sources)  # every source's trees, the would-be one's plain
+    calls = len(args.samplings) * len(args.budgets) * runs * args.epochs
     bar = tqdm(total=calls, desc="generate calls", unit="call")
-    for sampling, values in SAMPLINGS.items():
+    for sampling in args.samplings:
+        values = SAMPLINGS[sampling]
         for budget in args.budgets:
             for row in measure_setting(model, tokenizer, heads, prompts, base, values, budget, args, bar):
                 rows.append({"sampling": sampling, "temperature": values[0], "top_p": values[1], "budget": budget} | row)
@@ -280,14 +317,14 @@ def main(argv=None) -> dict:
     from ..telemetry.plots import plot_yield_by_budget
 
     curves = {s: {name: [(r["budget"], r["tokens_per_pass"]) for r in rows if (r["sampling"], r["source"]) == (s, name)]
-                  for name in dict.fromkeys(r["source"] for r in rows)} for s in SAMPLINGS}
+                  for name in dict.fromkeys(r["source"] for r in rows)} for s in args.samplings}
     oracle = {s: [(r["budget"], r["oracle_tokens_per_pass"]) for r in rows
-                  if r["sampling"] == s and r["source"] == rows[0]["source"]] for s in SAMPLINGS}
+                  if r["sampling"] == s and r["source"] == rows[0]["source"]] for s in args.samplings}
     plot_yield_by_budget(curves, oracle, args.plot,
                          title=f"{policy}: groups of {args.group}, {args.max_new_tokens} new tokens, {source}")
     print(f"wrote {args.plot}")
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "prompt_source": source, "elapsed_s": elapsed,
-              "rows": rows, "table": table}
+              "config": asdict(base), "rows": rows, "table": table}
     write_json(result, args.json)
     return result
 
