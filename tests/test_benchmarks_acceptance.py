@@ -82,9 +82,9 @@ def test_set_changes_speculation_config_fields_read_as_yaml_and_names_a_bad_one(
 
 def test_a_run_measures_only_the_sources_and_samplings_asked_for_with_the_config_set(tmp_path):
     result = main(["--tiny", "--threads", "1", "--prompts", "1", "--group", "4", "--max-new-tokens", "12",
-                   "--budgets", "4", "--epochs", "1", "--sources", "lookup", COMBINED, "--samplings", "T=1",
+                   "--budgets", "4", "--epochs", "1", "--sources", "heads", COMBINED, "--samplings", "T=1", "--would-be", "none",
                    "--set", "max_frontier=2", "max_children=3", "--json", str(tmp_path / "a.json")])
-    assert [(r["sampling"], r["source"]) for r in result["rows"]] == [("T=1", "lookup"), ("T=1", COMBINED)]
-    assert not any("would_be_tokens_per_pass" in r for r in result["rows"])  # its source, heads, was not asked for
+    assert [(r["sampling"], r["source"]) for r in result["rows"]] == [("T=1", "heads"), ("T=1", COMBINED)]
+    assert not any("would_be_tokens_per_pass" in r for r in result["rows"])
     assert (result["config"]["max_frontier"], result["config"]["max_children"]) == (2, 3)
     assert len(result["table"].splitlines()) == 3

@@ -22,7 +22,7 @@ the `would-be` column is the tokens per verify pass those trees would have carri
 the same drafts measured as real trees (their relative difference in brackets).
 
     python -m specroll.benchmarks.acceptance [--quick] [--policy smollm2-135m-instruct | HF_DIR | RUN_CHECKPOINT]
-        [--heads shipped | FILE] [--budgets 4 8 16] [--would-be heads] [--json runs/bench_acceptance.json]
+        [--heads shipped | FILE] [--budgets 4 8 16] [--would-be heads | none] [--json runs/bench_acceptance.json]
         [--sources heads combined] [--samplings T=1] [--set max_frontier=8 ...]
 
 `--set` changes any `SpeculationConfig` field for every source (the tree selection, calibration,
@@ -237,8 +237,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--budgets", type=int, nargs="+", default=None, help="nodes per response, root included")
     ap.add_argument("--epochs", type=int, default=2, help="passes over the same prompts, a new seed each")
-    ap.add_argument("--would-be", default="heads", choices=list(source_settings(SOURCES)),
-                    help="the source whose drafts are also scored as would-be trees while decoding plain")
+    ap.add_argument("--would-be", default="heads", choices=[*source_settings(SOURCES), "none"],
+                    help="the source whose drafts are also scored as would-be trees while decoding plain (none: no such run)")
     ap.add_argument("--sources", nargs="+", default=list(source_settings(SOURCES)), choices=list(source_settings(SOURCES)),
                     help="the sources to measure (default: each alone and combined)")
     ap.add_argument("--samplings", nargs="+", default=list(SAMPLINGS), choices=list(SAMPLINGS),
