@@ -230,7 +230,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy", default="smollm2-135m-instruct",
                     help="model alias, Hugging Face directory (an SFT output) or a run's checkpoint directory")
-    ap.add_argument("--heads", default="shipped", help="'shipped' (SpecRoll's heads for the policy), a heads file, or 'untrained'")
+    ap.add_argument("--heads", default="shipped",
+                    help="'shipped' (SpecRoll's heads for the policy, or for a run checkpoint's model), a heads file, or 'untrained'")
     ap.add_argument("--tiny", action="store_true", help="a tiny random policy with heads trained here (tests, smoke runs)")
     ap.add_argument("--data", type=Path, default=DEFAULT_GSM8K,
                     help="held-out prompts: GSM8K test jsonl (without it, built-in synthetic problems)")
@@ -279,7 +280,7 @@ def scenario(args):
         return model, None, heads, random_prompts(g, args.prompts), "random tokens"
     model, tokenizer = load_snapshot(args.policy, args.dtype, args.device)
     model.requires_grad_(False)
-    heads = load_heads(args.heads, args.policy, model)
+    heads = load_heads(args.heads, model.config.name, model)  # a run checkpoint's: its base model's shipped heads
     prompts, source = load_prompts(tokenizer, args.prompts, args.data.expanduser())
     if source == "synthetic":
         print(f"note: no GSM8K test split at {args.data}: built-in synthetic problems instead (pass --data)")
