@@ -2,7 +2,6 @@
 sources decode the same responses and stay under the oracle bound, and whose would-be trees
 score the heads' drafts on those responses decoded plain."""
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +14,6 @@ from specroll.benchmarks.acceptance import (
     main,
     markdown_table,
     source_settings,
-    tree_tally,
 )
 from specroll.speculation import SpeculationConfig
 
@@ -35,15 +33,6 @@ def test_a_source_runs_alone_only_where_every_other_source_can_be_switched_off()
 def test_every_shipped_source_switch_is_a_speculation_config_field():
     for overrides in source_settings(SOURCES).values():
         SpeculationConfig(**overrides)
-
-
-def test_a_pass_counts_only_the_tokens_its_response_kept():
-    """Two responses of 5 and 3 tokens (the first of each from the prompt's pass) in 3 verify
-    passes: 6 tokens, however many the last passes accepted past a stop token or the length cap."""
-    hist = {3: 1, 4: 2}  # the decoder counted 11 accepted tokens
-    out = SimpleNamespace(token_ids=[[7, 8, 9, 10, 11], [7, 8, 1]], stats=SimpleNamespace(
-        tree=SimpleNamespace(tokens_per_step_hist=hist)))
-    assert tree_tally(out) == (6, 3)
 
 
 def test_a_tiny_run_measures_every_source_under_the_oracle_and_draws_the_figure(tmp_path):

@@ -120,6 +120,9 @@ def test_every_fastgrpo_token_follows_the_policy(rollouts, name, record_property
     np.testing.assert_allclose(dec.logprobs, reference_lp, atol=1e-4)
     setting = SETTINGS[name]
     assert by_depth[2:].sum() >= setting.min_deep_share * len(dec.tokens), by_depth
+    # Its passes count the tokens the responses kept (the first of each came from the prompt's pass).
+    hist = out.stats.tree.tokens_per_step_hist
+    assert sum(k * n for k, n in hist.items()) == sum(len(tokens) - 1 for tokens in out.token_ids)
     if setting.drafter == "untrained":
         tree = out.stats.tree
         assert tree.tokens_per_step_hist.get(1, 0) > 0.2 * tree.verify_steps  # rejections are exercised

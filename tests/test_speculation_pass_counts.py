@@ -20,3 +20,17 @@ def test_counts_cover_live_rows_only_and_read_as_numbers():
     assert read.accepted_by_depth == [1, 1, 0] and read.reached_by_depth == [2, 1, 1]
     # Row 0's chain held its first emitted token (a draft) and its third (the bonus): one accepted draft.
     assert read.lookup_accepted == 1
+
+
+def test_a_pass_past_a_stop_token_or_the_cap_counts_the_tokens_its_response_kept():
+    counts = PassCounts(max_tokens=4, max_depth=3, device="cpu")
+    accepted = torch.tensor([[True, True, True], [True, False, False], [False, False, False]])
+    counts.add_pass(torch.tensor([4, 2, 1]), torch.tensor([True, True, False]), accepted)
+    # Row 0 hit a stop token at its second token; row 1 kept both; row 2 had finished.
+    counts.count_kept(torch.tensor([4, 2, 0]), torch.tensor([2, 2, 0]))
+    counts.add_plain(torch.tensor([True, True, False]))
+    counts.count_kept(torch.tensor([1, 1, 0]), torch.tensor([1, 1, 0]))  # a plain step keeps its token
+    read = counts.read()
+    assert read.tokens_per_step_hist == {1: 2, 2: 2}
+    assert (read.drafted_response_steps, read.drafted_tokens, read.drafts_accepted) == (2, 4, 2)
+    assert read.accepted_by_depth == [2, 1, 1]  # as the rule judged the drafts

@@ -265,14 +265,16 @@ def test_rows_finish_at_different_steps_and_eos_inside_an_accepted_path():
     assert active == sorted(active, reverse=True) and active[-1] < active[0]
 
 
-def test_eos_and_the_length_cap_cut_an_accepted_path_where_they_fall():
-    """A step that accepts past an EOS or past max_new_tokens keeps the response up to it."""
+@pytest.mark.parametrize("sync_free", [True, False])
+def test_eos_and_the_length_cap_cut_an_accepted_path_where_they_fall(sync_free):
+    """A step that accepts past an EOS or past max_new_tokens keeps the response up to it, and the
+    decoder's statistics count the tokens the response kept."""
     model = build_tiny_model(init_std=0.3, seed=5, eos_token_ids=[1])
     with torch.no_grad():
         model.lm_head.weight[1] += 0.25 * model.lm_head.weight.norm(dim=1).mean()
-    # Tree steps without host reads: finished rows ride along, emitting nothing.
+    # Sync-free tree steps: finished rows ride along, emitting nothing.
     engine = speculative_engine(model, heads_path=None, budget="fixed", fixed_nodes=16, max_nodes=16, max_children=8,
-                                sync_free_trees=True)
+                                sync_free_trees=sync_free)
     steps = []  # (row ids, tokens each emitted) of every verify step, spied on the real decoder
     real_step = engine.decoder.step
 
@@ -300,6 +302,10 @@ def test_eos_and_the_length_cap_cut_an_accepted_path_where_they_fall():
                 cut_at_cap += 1
                 assert out.token_ids[row] == emitted[row][:cap] and out.finish_reasons[row] == "length"
     assert cut_at_eos > 0 and cut_at_cap > 0
+    hist = out.stats.tree.tokens_per_step_hist
+    assert sum(hist.values()) == sum(len(rows) for rows, _ in steps)  # one count per live row-pass
+    # The first token of each response came from the prompt's pass.
+    assert sum(k * n for k, n in hist.items()) == sum(len(tokens) - 1 for tokens in out.token_ids)
 
 
 def test_smollm2_greedy_with_its_shipped_heads_equals_plain_greedy(smollm2, gsm8k_test_questions):

@@ -46,7 +46,7 @@ class DriftRecord:
     policy_version: int
     head_version: int
     verify_steps: int
-    tokens_per_step: float  # tokens emitted per response per verify pass
+    tokens_per_step: float  # tokens kept per response per verify pass
     acceptance_by_depth: tuple[float, ...]  # accepted share of drafts that reached each tree depth
     budget_mean: float  # tree nodes per response (root included) over verify passes; 0 without any
     budget_min: int

@@ -101,11 +101,10 @@ class Tally:
 
 def tree_tally(out: RolloutOutput) -> tuple[int, int]:
     """(tokens the responses kept, verify passes) of one generate call's live rows, the prompt's
-    pass and its first token excluded. A pass that accepted past a response's stop token or length
-    cap counts what the response kept, as the oracle's walk along the response does (the decoder's
-    own `tokens_per_step_hist` counts every token it accepted)."""
-    passes = sum(out.stats.tree.tokens_per_step_hist.values())
-    return sum(len(tokens) - 1 for tokens in out.token_ids if tokens), passes
+    pass excluded. A pass that accepted past a response's stop token or length cap counts what the
+    response kept, as the oracle's walk along the response does."""
+    hist = out.stats.tree.tokens_per_step_hist
+    return sum(k * n for k, n in hist.items()), sum(hist.values())
 
 
 def decode_epochs(engine: RolloutEngine, prompts, sampling: tuple[float, float], args, bar: tqdm):

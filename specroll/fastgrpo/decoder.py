@@ -78,6 +78,9 @@ class FastGRPODecoder:
         self.pass_counts = PassCounts(self.cfg.max_depth + 1, self.cfg.max_depth, next(self.model.parameters()).device)
         self.step_log = StepLog()
 
+    def count_kept(self, emitted: torch.Tensor, kept: torch.Tensor) -> None:
+        self.pass_counts.count_kept(emitted, kept)
+
     def pop_stats(self) -> DecoderStats:
         """The generate call's stats, as `SpeculativeDecoder.pop_stats` reports them (no context lookup here)."""
         out = DecoderStats(CompileStats(), tree_stats(self.step_log, self.pass_counts.read()))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import torch
+
 from .decode_state import DecodeState, StepResult
 from .stats import DecoderStats
 
@@ -35,6 +37,10 @@ class Decoder(Protocol):
 
     def step(self, state: DecodeState) -> StepResult:
         """One decoding step of every row of `state`."""
+
+    def count_kept(self, emitted: torch.Tensor, kept: torch.Tensor) -> None:
+        """Of the tokens its last step emitted per row (`emitted` [B], 0 for finished rows), those the
+        responses kept, cut at a stop token or the length cap (`kept` [B]): the tokens its statistics count."""
 
     def pop_stats(self) -> DecoderStats:
         """The statistics of the generate call that just ended; the next call's start afresh."""

@@ -32,13 +32,15 @@ class RolloutOutput:
 
 
 def keep_emissions(responses: ResponseBuffer, history: TokenHistory, row_ids: torch.Tensor, live: torch.Tensor,
-                   tokens: torch.Tensor, logprobs: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   tokens: torch.Tensor, logprobs: torch.Tensor,
+                   counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Append a step's emissions (`tokens`, `logprobs` [B, K], the first `counts` [B] real) of the
-    `live` rows to their responses and histories; (each row's last token, rows still live)."""
-    kept = counts * live
-    finished = responses.append(row_ids, live, tokens, logprobs, kept)
-    history.append(tokens, kept)
-    return tokens.gather(1, (counts - 1).clamp(min=0)[:, None]).squeeze(1), live & ~finished
+    `live` rows to their responses and histories; (each row's last token, rows still live, tokens
+    each row's response kept: cut at a stop token or the length cap)."""
+    emitted = counts * live
+    finished, kept = responses.append(row_ids, live, tokens, logprobs, emitted)
+    history.append(tokens, emitted)
+    return tokens.gather(1, (counts - 1).clamp(min=0)[:, None]).squeeze(1), live & ~finished, kept
 
 
 def sample_next(logits: torch.Tensor, rng: RowRandom, params: SamplingParams):
@@ -251,7 +253,10 @@ class RolloutEngine:
         state.keep(rows.to(self.device))
 
     def record(self, step: StepResult, state: DecodeState, responses: ResponseBuffer) -> None:
-        """Keep a step's emitted tokens (cut at a stop token or the length cap) and retire the
-        rows it finished; all on the device."""
-        state.last_tokens, state.live = self.keep_emissions(responses, state.history, state.row_ids, state.live,
-                                                            step.tokens, step.logprobs, step.counts, begins_step=False)
+        """Keep a step's emitted tokens (cut at a stop token or the length cap), retire the rows it
+        finished and tell the decoder what each row kept (its statistics count that); all on the device."""
+        emitted = step.counts * state.live
+        state.last_tokens, state.live, kept = self.keep_emissions(responses, state.history, state.row_ids, state.live,
+                                                                  step.tokens, step.logprobs, step.counts,
+                                                                  begins_step=False)
+        self.decoder.count_kept(emitted, kept)

@@ -64,5 +64,8 @@ class PlainDecoder:
         state.cached_bound += 1
         return StepResult(tokens[:, None], logprobs[:, None], torch.ones_like(tokens))
 
+    def count_kept(self, emitted: torch.Tensor, kept: torch.Tensor) -> None:
+        """One token a step: a response keeps all it emits, and no statistics count passes here."""
+
     def pop_stats(self) -> DecoderStats:
         return DecoderStats(self.decode.pop())

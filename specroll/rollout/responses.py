@@ -29,10 +29,11 @@ class ResponseBuffer:
         return self.tokens.shape[1] - 1
 
     def append(self, row_ids: torch.Tensor, live: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor,
-               counts: torch.Tensor) -> torch.Tensor:
+               counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Record a step's emissions (`tokens`, `logprobs` [B, K], the first `counts` [B] real) for
         cache rows holding responses `row_ids` [B]; only `live` [B] rows count. Returns the rows
-        that finished with this step (a stop token or the cap), [B] bool."""
+        that finished with this step (a stop token or the cap), [B] bool, and the tokens each row
+        kept (cut there), [B]."""
         offsets = torch.arange(tokens.shape[1], device=tokens.device)
         real = (offsets < counts[:, None]) & live[:, None]
         is_stop = torch.isin(tokens, self.stop_ids) & real
@@ -48,7 +49,7 @@ class ResponseBuffer:
         stopped = (is_stop & (offsets < kept[:, None])).any(1)
         self.lengths[row_ids] = start + kept
         self.stopped[row_ids] |= stopped
-        return live & (stopped | (start + kept >= self.caps[row_ids]))
+        return live & (stopped | (start + kept >= self.caps[row_ids])), kept
 
     def to_lists(self) -> tuple[list[list[int]], list[list[float]], list[str]]:
         """Token ids, log-probs and finish reasons ("stop" or "length") of every response."""

@@ -38,7 +38,7 @@ class TreeStats:
 
     verify_steps: int  # steps that had a live row
     budget_per_step: list[int]  # nodes per row (root included) of each of them; 1: a plain step
-    tokens_per_step_hist: dict[int, int]  # live row-steps by the tokens they emitted (plain ones under 1)
+    tokens_per_step_hist: dict[int, int]  # live row-steps by the tokens their responses kept (plain ones under 1)
     tokens_per_step_mean: float  # tokens a live row emitted per step
     drafted_response_steps: int  # live row-steps that verified a tree
     drafted_tokens: int  # tokens those row-steps emitted

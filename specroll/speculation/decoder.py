@@ -168,6 +168,10 @@ class SpeculativeDecoder:
         if self.reflex is not None:
             self.reflex.reset_stats()
 
+    def count_kept(self, emitted: torch.Tensor, kept: torch.Tensor) -> None:
+        """The pass counts count the tokens the responses kept (see `Decoder.count_kept`)."""
+        self.pass_counts.count_kept(emitted, kept)
+
     def pop_stats(self) -> DecoderStats:
         totals = self.pass_counts.read()
         if self.gate is not None:

@@ -36,9 +36,9 @@ ROLLOUT_POLICY_VERSION = metric("rollout/policy_version",
                                 "policy version that sampled the responses (one behind train/* with cluster.overlap)")
 
 # speculation/*: speculative decoding, from the rollout engine's stats.
-TOKENS_PER_STEP = metric("speculation/tokens_per_step", "tokens emitted per response per verify pass (1 = no gain)")
+TOKENS_PER_STEP = metric("speculation/tokens_per_step", "tokens kept per response per verify pass (1 = no gain; none past a stop token or the cap)")
 DRAFTED_TOKENS_PER_STEP = metric("speculation/drafted_tokens_per_step",
-                                 "tokens emitted per response per verify pass, over the passes that drafted a tree")
+                                 "tokens kept per response per verify pass, over the passes that drafted a tree")
 ACCEPTANCE_DEPTH = metric("speculation/acceptance_depth_{d}", "share of drafts accepted at tree depth d among those that reached it")
 NODE_BUDGET_MEAN = metric("speculation/node_budget_mean", "mean tree nodes per response (root included) over verify passes")
 ACTIVE_ROWS_MEAN = metric("speculation/active_rows_mean", "mean unfinished responses per decode step of an actor (both modes)")

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 class PassCounts:
     """Counts over the live rows of every pass, in one vector (`pass_increments` says what each
-    entry counts): tokens emitted per row-pass, drafts accepted and reached per depth, accepted
+    entry counts): tokens emitted per row-pass (recounted as those kept by `count_kept`), drafts accepted and reached per depth, accepted
     drafts the context lookup chain held, and the row-steps of plain passes (one token each)."""
 
     def __init__(self, max_tokens: int, max_depth: int, device) -> None:
@@ -24,6 +25,13 @@ class PassCounts:
                  on_chain: torch.Tensor | None = None) -> None:
         """One tree pass (see `pass_increments`)."""
         self.totals += pass_increments(self.max_tokens, self.max_depth, counts, live, accepted_at_depth, on_chain)
+
+    def count_kept(self, emitted: torch.Tensor, kept: torch.Tensor) -> None:
+        """Recount the last pass's row-passes by the tokens their responses kept (`kept` [B]) rather
+        than those they emitted (`emitted` [B]): a pass that accepted past a stop token or the length
+        cap emitted tokens no response holds. Drafts accepted per depth stay as the rule judged them."""
+        buckets = self.max_tokens + 1
+        self.totals[:buckets] += (F.one_hot(kept, buckets) - F.one_hot(emitted, buckets)).sum(0)
 
     def add_plain(self, live: torch.Tensor) -> None:
         """One plain pass: every live row emits one token."""
@@ -49,7 +57,7 @@ class PassCounts:
 class PassTotals:
     """What a generate call's verify passes emitted, over live rows (`PassCounts.read`)."""
 
-    tokens_per_step_hist: dict[int, int]  # row-passes by the tokens they emitted, plain row-steps under 1
+    tokens_per_step_hist: dict[int, int]  # row-passes by the tokens their responses kept, plain row-steps under 1
     drafted_response_steps: int  # row-passes of tree passes
     drafted_tokens: int  # tokens those emitted
     drafts_accepted: int  # of those, accepted drafts (each row-pass's last token is not a draft)
@@ -68,7 +76,7 @@ class PassTotals:
 
     @property
     def lookup_token_share(self) -> float:
-        return self.lookup_accepted / max(self.drafts_accepted, 1)
+        return self.lookup_accepted / max(sum(self.accepted_by_depth), 1)  # both as the rule judged
 
 
 def pass_increments(max_tokens: int, max_depth: int, counts: torch.Tensor, live: torch.Tensor,
