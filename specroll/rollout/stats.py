@@ -39,9 +39,9 @@ class TreeStats:
     verify_steps: int  # steps that had a live row
     budget_per_step: list[int]  # nodes per row (root included) of each of them; 1: a plain step
     tokens_per_step_hist: dict[int, int]  # live row-steps by the tokens their responses kept (plain ones under 1)
-    tokens_per_step_mean: float  # tokens a live row emitted per step
+    tokens_per_step_mean: float  # tokens a live row's response kept per step
     drafted_response_steps: int  # live row-steps that verified a tree
-    drafted_tokens: int  # tokens those row-steps emitted
+    drafted_tokens: int  # tokens those row-steps' responses kept
     acceptance_by_depth: list[float]  # accepted share of the drafts that reached each depth
     lookup_token_share: float  # share of accepted drafts that the context lookup chain held
     time_draft_s: float  # drafting and choosing each tree

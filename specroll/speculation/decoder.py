@@ -169,8 +169,10 @@ class SpeculativeDecoder:
             self.reflex.reset_stats()
 
     def count_kept(self, emitted: torch.Tensor, kept: torch.Tensor) -> None:
-        """The pass counts count the tokens the responses kept (see `Decoder.count_kept`)."""
-        self.pass_counts.count_kept(emitted, kept)
+        """The pass counts count the tokens the responses kept (see `Decoder.count_kept`); a plain
+        step's one token is always kept, so plain steps add no work here."""
+        if self.step_log.budget_per_step and self.step_log.budget_per_step[-1] > 1:
+            self.pass_counts.count_kept(emitted, kept)
 
     def pop_stats(self) -> DecoderStats:
         totals = self.pass_counts.read()

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 
 class PassCounts:
     """Counts over the live rows of every pass, in one vector (`pass_increments` says what each
-    entry counts): tokens emitted per row-pass (recounted as those kept by `count_kept`), drafts accepted and reached per depth, accepted
-    drafts the context lookup chain held, and the row-steps of plain passes (one token each)."""
+    entry counts): tokens emitted per row-pass (recounted as those kept by `count_kept`), drafts
+    accepted and reached per depth, accepted drafts the context lookup chain held, and the
+    row-steps of plain passes (one token each)."""
 
     def __init__(self, max_tokens: int, max_depth: int, device) -> None:
         self.max_tokens, self.max_depth = max_tokens, max_depth
