@@ -189,5 +189,5 @@ def test_reward_is_linear_in_the_response_length(name):
     score_response(ADVERSARIAL[name], "7", RewardConfig(format_weight=1.0))
     elapsed = time.perf_counter() - started
     print(f"{name}: {elapsed * 1e3:.1f} ms for {len(ADVERSARIAL[name])} characters")
-    # Milliseconds for a linear parser even on a busy machine; minutes for a quadratic one.
-    assert elapsed < 0.5
+    # Milliseconds for a linear parser, with room for a loaded CI machine; minutes for a quadratic one.
+    assert elapsed < 5.0
