@@ -410,8 +410,9 @@ def connect_ray(cluster: ClusterSection) -> bool:
     cpus = c.num_rollout_actors * c.cpus_per_rollout_actor + c.learner_world_size * c.cpus_per_learner
     # Ray's CPUs are bookkeeping: a laptop with fewer cores still runs the config, just slower.
     # address="local": a cluster of this run's own, even where another one runs on this machine.
+    # worker_niceness 0: Ray's default (15) lets any other busy process starve the actors doing the run's work.
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), resources=local_resources(c),
-             include_dashboard=False)
+             include_dashboard=False, _system_config={"worker_niceness": 0})
     return True
 
 

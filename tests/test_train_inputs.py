@@ -1,6 +1,7 @@
 """Bad inputs through the real driver (`run_training`, and `python -m specroll.train` itself): each
 fails before Ray or any model starts, in one message naming the file, line or field, leaving an
-existing run_dir byte for byte as it was; long prompts can be dropped instead, with a count."""
+existing run_dir byte for byte as it was; long prompts can be dropped instead, with a count. And
+the local cluster a run starts for itself gives its actors the driver's CPU priority."""
 import json
 import logging
 import os
@@ -16,10 +17,10 @@ import ray
 from hydra import compose, initialize_config_dir
 
 from specroll.actors.remote_calls import ActorFailedError, gather
-from specroll.configs import load_train_config
+from specroll.configs import ClusterSection, load_train_config
 from specroll.preflight import PreflightError, preflight
 from specroll.run_dir import SeesRunDir, unwritable, write_run_token
-from specroll.train import errors_as_messages, run_training
+from specroll.train import connect_ray, errors_as_messages, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKOUT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -228,6 +229,20 @@ def test_an_actor_that_does_not_see_the_run_dir_is_named(tmp_path):
                                                    "launch wrote [0-9a-f]+ from the driver on node .*: run_dir must "
                                                    "be on storage every node shares"):
             gather([("learner rank 1", witness.check_run_dir.remote(str(elsewhere), token))], "check_run_dir", 60)
+    finally:
+        ray.shutdown()
+
+
+def test_a_run_started_cluster_runs_its_actors_at_the_drivers_priority():
+    # At Ray's default niceness (15) any other busy process on the machine starves the run's actors.
+    class Niceness:  # defined here so that Ray ships it by value to a worker that cannot import tests/
+        def of_this_process(self) -> int:
+            return os.getpriority(os.PRIO_PROCESS, 0)
+
+    assert connect_ray(ClusterSection())
+    try:
+        actor = ray.remote(num_cpus=0)(Niceness).remote()
+        assert ray.get(actor.of_this_process.remote(), timeout=60) == os.getpriority(os.PRIO_PROCESS, 0)
     finally:
         ray.shutdown()
 
