@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = benchmark_config(args.model, args.dtype)
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(num_cpus=2, include_dashboard=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False)  # its own, even beside a run's cluster
     try:
         stages, params = stage_seconds(cfg, args.repeats)
         between_actors = actor_seconds(cfg, args.repeats)
