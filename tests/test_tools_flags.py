@@ -160,8 +160,9 @@ def test_every_command_takes_the_common_flags_with_the_same_defaults():
 
 TOOL_PARSERS = {"sft": sft_args, "train_heads": train_heads_args, "pretrain_drafter": pretrain_args,
                 "profile": profile_args, "export": export_args, "compare_runs": compare_runs_args}
-# The module paths the shipped assets' summaries recorded, before the commands moved to specroll.tools.
-RECORDED_AS = {"specroll.spec.train_heads": "train_heads", "specroll.speculation.head_training.training": "train_heads",
+# The module paths the shipped assets' summaries recorded: today's, and those before the commands moved to specroll.tools.
+RECORDED_AS = {**{f"specroll.tools.{name}": name for name in TOOL_PARSERS},
+               "specroll.spec.train_heads": "train_heads", "specroll.speculation.head_training.training": "train_heads",
                "specroll.fastgrpo.pretrain": "pretrain_drafter", "specroll.learner.sft": "sft"}
 
 
