@@ -307,8 +307,8 @@ def report(run: Run, steps: list[dict[str, float]]) -> RunSummary:
         history = read_run(run_dir)
     else:
         rows = [{STEP_KEY: step, **metrics} for step, metrics in enumerate(steps, start=run.first_step)]
-        history = RunHistory(run_dir.name, rows)
-    curves_file, table = run_report(history, run_dir / CURVES_NAME, held_out_curve(run_dir))
+        history = RunHistory(run_dir.name, rows, held_out_curve(run_dir))
+    curves_file, table = run_report(history, run_dir / CURVES_NAME)
     return RunSummary(
         run_dir=str(run_dir),
         first_step=run.first_step,
@@ -450,13 +450,12 @@ def step_metrics(rollouts: Rollouts, trained: LearnerUpdate, heads: dict, weight
     return metrics
 
 
-def run_report(history: RunHistory, curves_path: Path,
-               held_out: list[tuple[int, float]]) -> tuple[str | None, str | None]:
+def run_report(history: RunHistory, curves_path: Path) -> tuple[str | None, str | None]:
     """The run's curves drawn to `curves_path`, and its end-of-run table; (None, None) without steps."""
     if not history.rows:
         return None, None
     plot_run_curves(history, curves_path)
-    return str(curves_path), format_summary(history, held_out)
+    return str(curves_path), format_summary(history)
 
 
 def wandb_location(logger: MetricsLogger) -> str | None:

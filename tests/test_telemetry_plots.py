@@ -7,7 +7,8 @@ from specroll.benchmarks.comparison import Comparison, ConcurrencyPoint, ModeRun
 from specroll.configs import LoggerSection
 from specroll.telemetry import MetricsLogger, plots
 from specroll.telemetry import metric_names as m
-from specroll.telemetry.history import RunHistory, read_run, read_runs
+from specroll.eval.evaluation import EvalReport, ProblemEval
+from specroll.telemetry.history import RunHistory, eval_file, read_run, read_runs
 from specroll.telemetry.run_summary import acceptance_by_depth
 
 OFF = dict(backend="none", console=False)
@@ -69,6 +70,24 @@ def test_a_run_with_unknown_names_or_no_metrics_is_refused(tmp_path):
         read_run(tmp_path)
 
 
+def evaluated(run_dir, updates, correct):
+    """An evaluation after `updates` updates of the run in `run_dir`, right on the first `correct` of 4 problems."""
+    problems = [ProblemEval(i, "", [], i < correct, float(i < correct), 0, 0) for i in range(4)]
+    EvalReport(str(run_dir), updates, problems, ()).write(eval_file(run_dir, updates))
+
+
+def test_a_run_reads_back_with_its_held_out_evaluations_and_its_curves_draw_them(tmp_path):
+    run_dir = log_run(tmp_path / "spec", SPEC_ROWS)
+    for updates, correct in ((0, 1), (2, 3)):
+        evaluated(run_dir, updates, correct)
+    run = read_run(run_dir)
+    assert run.held_out == [(0, 0.25), (2, 0.75)]
+    assert read_run(run_dir / "metrics.jsonl").held_out == run.held_out
+    fig = plots.plot_run_curves(run)
+    curve = {ax.get_title(): ax for ax in fig.axes}["held-out accuracy"].get_lines()[0]
+    assert list(curve.get_xdata()) == [0, 2] and list(curve.get_ydata()) == [0.25, 0.75]
+
+
 def test_run_curves_draw_every_panel_and_say_what_is_missing(tmp_path):
     spec = read_run(log_run(tmp_path / "spec", SPEC_ROWS))
     vanilla = RunHistory("vanilla", [{"step": 0, m.STEP_TIME_S: 1.5, m.TIME_GEN: 0.8}])
@@ -77,7 +96,8 @@ def test_run_curves_draw_every_panel_and_say_what_is_missing(tmp_path):
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles == ["throughput", "step time", "where the step's time goes: spec",
                       "where the step's time goes: vanilla", "tokens per verify pass (1 = no gain)",
-                      "acceptance by depth", "node budget against active rows", "draft heads", "rewards"]
+                      "acceptance by depth", "node budget against active rows", "draft heads", "rewards",
+                      "held-out accuracy"]
     by_title = {ax.get_title(): ax for ax in fig.axes}
     # The breakdown stacks the phases each step logged (missing ones as 0) under the whole step.
     breakdown = by_title["where the step's time goes: spec"]
@@ -90,6 +110,8 @@ def test_run_curves_draw_every_panel_and_say_what_is_missing(tmp_path):
     vanilla_only = plots.plot_run_panel([vanilla], "heads")
     assert [t.get_text() for t in vanilla_only.axes[0].texts] == [
         "no speculation/head_version or heads/version or heads/updates in these runs"]
+    assert [t.get_text() for t in plots.plot_run_panel([vanilla], "held_out").axes[0].texts] == [
+        "no held-out evaluations (eval_every) in these runs"]
     with pytest.raises(ValueError, match="unknown panel 'speed'; panels: throughput"):
         plots.plot_run_panel([vanilla], "speed")
 

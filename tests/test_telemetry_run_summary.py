@@ -64,5 +64,5 @@ def test_held_out_accuracy_from_the_evaluations_written_includes_the_one_before_
     rows = [dict(ROWS[0], **{"eval/accuracy": 0.4}), dict(ROWS[1]), dict(ROWS[2], **{"eval/accuracy": 0.6})]
     assert dict(summary_rows(RunHistory("r", rows)))["held-out accuracy, first -> last eval"] == "0.40 -> 0.60"
     evaluations = [(0, 0.25), (1, 0.4), (3, 0.6)]  # (updates, accuracy), as evals/ holds them
-    assert dict(summary_rows(RunHistory("r", rows), evaluations))["held-out accuracy, first -> last eval"] == (
+    assert dict(summary_rows(RunHistory("r", rows, evaluations)))["held-out accuracy, first -> last eval"] == (
         "0.25 -> 0.60 (after 0 -> 3 updates)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .metric_names import EVAL_ACCURACY, check_metric_name, current_name
@@ -40,6 +40,8 @@ class RunHistory:
 
     name: str
     rows: list[dict[str, float | int | None]]
+    # (updates behind the policy, greedy accuracy) of each held-out evaluation, the one before training included
+    held_out: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def steps(self) -> list[int]:
@@ -57,7 +59,8 @@ class RunHistory:
 
 
 def read_run(run_dir: str | Path, name: str | None = None) -> RunHistory:
-    """The history in `run_dir/metrics.jsonl` (or the JSONL file itself); `name` defaults to the directory's.
+    """The history in `run_dir/metrics.jsonl` (or the JSONL file itself) with the held-out evaluations
+    of `run_dir/evals/`; `name` defaults to the directory's.
 
     A last line cut short by a crash is left out (the sink drops it too when the run resumes).
     Metrics logged under a family renamed since (`metric_names.RENAMED_FAMILIES`) read under today's names.
@@ -71,7 +74,7 @@ def read_run(run_dir: str | Path, name: str | None = None) -> RunHistory:
             for line in lines_before(path, math.inf)]
     check_rows(rows, str(path))
     label = name or (path.parent.name if path.name == JSONL_NAME else path.stem)
-    return RunHistory(label, rows)
+    return RunHistory(label, rows, held_out_curve(path.parent) if path.name == JSONL_NAME else [])
 
 
 def read_runs(runs: Iterable[str | Path | RunHistory] | Mapping[str, str | Path]) -> list[RunHistory]:

@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from . import metric_names as m
-from .history import RunHistory, held_out_curve, read_runs
+from .history import RunHistory, read_runs
 from .run_summary import acceptance_by_depth
 
 Runs = Sequence[str | Path | RunHistory] | Mapping[str, str | Path] | str | Path | RunHistory
@@ -203,6 +203,22 @@ def draw_rewards(ax: Axes, runs: Sequence[RunHistory]) -> None:
     ax.set_title("rewards", fontsize="medium")
 
 
+def draw_held_out(ax: Axes, runs: Sequence[RunHistory]) -> None:
+    """Greedy accuracy on the held-out problems against the updates behind the policy (run_dir/evals/);
+    runs after the first dashed, so a twin that coincides stays visible."""
+    for i, run in enumerate(runs):
+        styles = dict(marker="o", color=f"C{i}") if i == 0 else dict(marker="x", linestyle="--", color=f"C{i}")
+        ax.plot([u for u, _ in run.held_out], [a for _, a in run.held_out], label=run.name, **styles)
+    step_axis(ax)
+    ax.set_xlabel("policy updates")
+    ax.set_ylabel("share of held-out problems solved (greedy)")
+    ax.set_title("held-out accuracy", fontsize="medium")
+    if any(run.held_out for run in runs):
+        ax.legend(fontsize="small")
+    else:
+        no_data(ax, "held-out evaluations (eval_every)")
+
+
 RUNS_PANELS: dict[str, Callable[[Axes, Sequence[RunHistory]], None]] = {  # every run on one axes
     "throughput": draw_throughput,
     "step_time": draw_step_time,
@@ -211,12 +227,13 @@ RUNS_PANELS: dict[str, Callable[[Axes, Sequence[RunHistory]], None]] = {  # ever
     "budget_vs_active": draw_budget_vs_active,
     "heads": draw_heads,
     "rewards": draw_rewards,
+    "held_out": draw_held_out,
 }
 ONE_RUN_PANELS: dict[str, Callable[[Axes, RunHistory], None]] = {  # one axes per run
     "time_breakdown": draw_time_breakdown,
 }
 RUN_PANELS = ("throughput", "step_time", "time_breakdown", "tokens_per_pass", "acceptance_by_depth",
-              "budget_vs_active", "heads", "rewards")  # plot_run_curves' order
+              "budget_vs_active", "heads", "rewards", "held_out")  # plot_run_curves' order
 
 
 def panel_calls(runs: Sequence[RunHistory], panels: Sequence[str]) -> list[Callable[[Axes], None]]:
@@ -252,7 +269,7 @@ def plot_run_panels(runs: Runs, panels: Sequence[str] = RUN_PANELS, path: str | 
 def plot_run_curves(runs: Runs, path: str | Path | None = None) -> Figure:
     """Everything a user looks at after a run, one panel each: throughput, step time, where the
     step's time goes, tokens per verify pass, acceptance by depth, node budget against active
-    rows, draft-head versions and updates, rewards and accuracy."""
+    rows, draft-head versions and updates, rewards and accuracy, held-out accuracy."""
     return plot_run_panels(runs, RUN_PANELS, path)
 
 
@@ -361,18 +378,7 @@ def plot_learning_curves(runs: Mapping[str, str | Path], path: str | Path | None
     fig = Figure(figsize=(13, 4.5), layout="constrained")
     rewards, held_out = fig.subplots(1, 2)
     draw_rewards(rewards, histories)
-    for i, (name, run_dir) in enumerate(runs.items()):
-        curve = held_out_curve(run_dir)
-        styles = dict(marker="o", color=f"C{i}") if i == 0 else dict(marker="x", linestyle="--", color=f"C{i}")
-        held_out.plot([u for u, _ in curve], [a for _, a in curve], label=name, **styles)
-    step_axis(held_out)
-    held_out.set_xlabel("policy updates")
-    held_out.set_ylabel("share of held-out problems solved (greedy)")
-    held_out.set_title("held-out accuracy", fontsize="medium")
-    if any(line.get_xdata().size for line in held_out.get_lines()):
-        held_out.legend(fontsize="small")
-    else:
-        no_data(held_out, "held-out evaluations (eval_every)")
+    draw_held_out(held_out, histories)
     for ax in (rewards, held_out):
         ax.grid(alpha=0.3)
     if title:

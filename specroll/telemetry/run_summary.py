@@ -64,9 +64,9 @@ def would_be_line(run: RunHistory) -> str | None:
     return f"trees would carry {carried:.2f} tokens per verify pass (would-be, {nodes:.0f} nodes); {why}"
 
 
-def summary_rows(run: RunHistory, held_out: Sequence[tuple[int, float]] = ()) -> list[tuple[str, str]]:
-    """(what, value) lines of the end-of-run table; `held_out`: the run's (updates, accuracy) evaluations
-    as written to evals/, the one before training included (without them the `eval/*` metrics give the row)."""
+def summary_rows(run: RunHistory) -> list[tuple[str, str]]:
+    """(what, value) lines of the end-of-run table; held-out accuracy from the run's evaluations as
+    written to evals/, the one before training included (without them the `eval/*` metrics give the row)."""
     def fmt(value: float | None, spec: str = ".2f") -> str:
         return "-" if value is None else format(value, spec)
 
@@ -85,8 +85,8 @@ def summary_rows(run: RunHistory, held_out: Sequence[tuple[int, float]] = ()) ->
         if values:
             first, last = first_and_last(values)
             rows.append((f"{what}, first -> last steps", f"{fmt(first)} -> {fmt(last)}"))
-    if held_out:
-        (first_updates, first), (last_updates, last) = held_out[0], held_out[-1]
+    if run.held_out:
+        (first_updates, first), (last_updates, last) = run.held_out[0], run.held_out[-1]
         rows.append(("held-out accuracy, first -> last eval",
                      f"{fmt(first)} -> {fmt(last)} (after {first_updates} -> {last_updates} updates)"))
     elif accuracy := run.series(m.EVAL_ACCURACY)[1]:
@@ -103,7 +103,7 @@ def summary_rows(run: RunHistory, held_out: Sequence[tuple[int, float]] = ()) ->
     return rows
 
 
-def format_summary(run: RunHistory, held_out: Sequence[tuple[int, float]] = ()) -> str:
-    rows = summary_rows(run, held_out)
+def format_summary(run: RunHistory) -> str:
+    rows = summary_rows(run)
     width = max(len(what) for what, _ in rows)
     return "\n".join(f"  {what:<{width}}  {value}" for what, value in rows)
