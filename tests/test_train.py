@@ -235,7 +235,7 @@ def test_the_quickstart_preset_ends_with_its_table_and_curves(ray_cluster, tmp_p
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = load_train_config(compose("config", overrides=[
             "experiment=quickstart", "model=tiny", "logger=none", f"run_dir={tmp_path / 'run'}",
-            "learner.max_seq_len=256", "rollout.speculation.budget=fixed", "checkpoint_every=0", "total_steps=2"]))
+            "learner.max_seq_len=256", "checkpoint_every=0", "total_steps=2", "eval.limit=2", "eval.batch_size=2"]))
     summary = run_training(cfg)
     png = Path(summary.curves_file)
     assert png.parent == tmp_path / "run" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -243,6 +243,8 @@ def test_the_quickstart_preset_ends_with_its_table_and_curves(ray_cluster, tmp_p
     for line in ("tokens per verify pass", "acceptance by depth", "generation tokens/s",
                  "reward mean, first -> last steps", "where the step's time went"):
         assert line in table
+    # Held-out accuracy before training and after the last step, as the first run shows learning.
+    assert "held-out accuracy, first -> last eval" in table and "(after 0 -> 2 updates)" in table
     assert "gen " in table and "update " in table  # the phases that took time are named
     described = describe(summary)
     assert f"curves:       {png}" in described and table in described
