@@ -386,7 +386,8 @@ def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
         return None
     path = Path(cfg.resume).expanduser()
     verify_checkpoint(path)
-    return start_branch(checkpoints, path)
+    start_branch(checkpoints, path)
+    return path
 
 
 def connect_ray(cluster: ClusterSection) -> bool:
