@@ -55,6 +55,7 @@ from specroll.telemetry import (
     StepProgress,
     drafter_update_metrics,
     response_metrics,
+    start_wandb_branch,
     summarize_rollout_stats,
 )
 from specroll.telemetry import metric_names as m
@@ -386,7 +387,9 @@ def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
         return None
     path = Path(cfg.resume).expanduser()
     verify_checkpoint(path)
-    return start_branch(checkpoints, path)
+    if start_branch(checkpoints, path):
+        start_wandb_branch(Path(cfg.run_dir))  # the W&B run of the abandoned history is not continued
+    return path
 
 
 def connect_ray(cluster: ClusterSection) -> bool:

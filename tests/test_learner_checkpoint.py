@@ -194,7 +194,7 @@ def test_a_rollback_starts_a_branch_that_auto_never_leaves(tmp_path):
     old = save_steps(learner, tmp_path, [1, 2, 3, 4], "old")
     with pytest.warns(UserWarning, match=r"new branch: the checkpoints of the abandoned history "
                                          r"\(step_00000003, step_00000004\) are moved to .*abandoned"):
-        assert start_branch(tmp_path, old[1]) == old[1]
+        assert start_branch(tmp_path, old[1]) is True
     assert latest_checkpoint(tmp_path) == old[1]  # what resume=auto takes after a crash now
     aside = [p for p in (tmp_path / "abandoned").rglob("step_*") if p.parent.parent.name == "abandoned"]
     assert sorted(p.name for p in aside) == ["step_00000003", "step_00000004"]
@@ -209,9 +209,9 @@ def test_a_rollback_starts_a_branch_that_auto_never_leaves(tmp_path):
     # Resuming from the newest, or from a checkpoint of another run directory:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        start_branch(tmp_path, new[-1])  # nothing to set aside, nothing to warn about
+        assert start_branch(tmp_path, new[-1]) is False  # nothing to set aside, nothing to warn about
     with pytest.warns(UserWarning, match=r"\(step_00000004, step_00000005\)"):
-        start_branch(tmp_path, aside[0])
+        assert start_branch(tmp_path, aside[0]) is True
     assert latest_checkpoint(tmp_path) is None
 
 

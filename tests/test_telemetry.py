@@ -1,4 +1,5 @@
-"""Metric namespace, rollout summaries, and the sinks: JSONL, console, W&B offline and disabled."""
+"""Metric namespace, rollout summaries, and the sinks: JSONL, console, W&B offline (read back with
+W&B's own reader: one value per step of the live branch, across resumes and rollbacks) and disabled."""
 import io
 import json
 import time
@@ -23,6 +24,8 @@ from specroll.telemetry import (
     summarize_rollout_stats,
 )
 from specroll.telemetry.rollout_stats import tree_metrics
+from specroll.telemetry.wandb_branch import BRANCH_NAME, WandbBranch, run_to_continue, start_wandb_branch
+from wandb_records import wandb_history, wandb_notes
 
 OFF = dict(backend="none", console=False)
 
@@ -196,10 +199,48 @@ def test_wandb_offline_writes_a_run_that_a_resume_continues(offline_wandb):
         logger.log(1, {"train/loss": 0.5})
     runs = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(runs) == 2  # one directory per process, both of the same run
-    for run in runs:
-        assert (run / f"run-{run_id}.wandb").stat().st_size > 0
+    assert wandb_history(run_dir, run_id, "train/loss") == [(0, 1.0), (1, 0.5)]
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1]
     assert not (offline_wandb / "wandb_dir").exists()  # the run directory, not WANDB_DIR, holds it
+
+
+def test_after_a_rollback_the_wandb_run_holds_each_step_of_the_live_branch_once(offline_wandb):
+    run_dir = offline_wandb / "run"
+
+    def launch(first_step, last_step, loss, run_id):
+        time.sleep(1.1)  # W&B names offline directories by the second
+        with MetricsLogger(LoggerSection(mode="offline", console=False), run_dir, run_id=run_id,
+                           first_step=first_step) as logger:
+            for step in range(first_step, last_step):
+                logger.log(step, {"train/loss": loss})
+        return logger.run_id
+
+    abandoned = launch(0, 8, 1.0, None)  # its checkpoints after steps 3, 5 and 7 name this run
+    start_wandb_branch(run_dir)  # resume=<the checkpoint after step 3> set the newer ones aside,
+    branch = launch(4, 4, 2.0, abandoned)  # and the launch died at its first step;
+    assert branch != abandoned and launch(4, 6, 2.0, abandoned) == branch  # its rerun continues the branch's run,
+    assert launch(6, 7, 2.0, branch) == branch  # and so does resume=auto from the branch's own checkpoint
+    assert wandb_history(run_dir, branch, "train/loss") == [(0, 1.0), (1, 1.0), (2, 1.0), (3, 1.0), (4, 2.0),
+                                                            (5, 2.0), (6, 2.0)]
+    assert wandb_notes(run_dir, branch)[0] == (f"steps 0-3 replayed from metrics.jsonl; branched at step 4 from "
+                                               f"W&B run {abandoned}, which keeps the abandoned history")
+    assert wandb_history(run_dir, abandoned, "train/loss") == [(step, 1.0) for step in range(8)]
+    assert not (run_dir / BRANCH_NAME).exists()  # the branch's checkpoints name its run now
+
+
+def test_which_wandb_run_a_launch_continues():
+    assert run_to_continue("a", 4, None) == "a"  # a resume: the run the checkpoint names
+    assert run_to_continue("a", 4, WandbBranch(None, None)) is None  # a rollback: a new one
+    assert run_to_continue("a", 4, WandbBranch(4, "b")) == "b"  # a rerun of the rollback's launch: its run
+    assert run_to_continue("a", 4, WandbBranch(4, None)) is None  # ... which W&B, off then, never started
+    assert run_to_continue("c", 6, WandbBranch(4, "b")) == "c"  # from a later checkpoint: the one it names
+
+
+def test_a_rollback_without_wandb_names_no_run_in_its_checkpoints(tmp_path):
+    start_wandb_branch(tmp_path)
+    with MetricsLogger(LoggerSection(**OFF, jsonl=False), tmp_path, run_id="abandoned", first_step=4) as logger:
+        assert logger.run_id is None  # a later launch with W&B starts the branch's run
+    assert json.loads((tmp_path / BRANCH_NAME).read_text()) == {"first_step": 4, "run_id": None}
 
 
 def test_disabled_writes_nothing(tmp_path):

@@ -1,8 +1,8 @@
 """The driver (`specroll.train`) end to end on a real local Ray cluster with a tiny model:
-failures name the actor, resume=auto continues where the last checkpoint left off, Hydra
-overrides change what runs, invalid configs fail before anything starts, errors reach the
-user as their message alone, the slow path's head updates reach every rollout actor, and a
-speculative run samples the vanilla run's responses."""
+failures name the actor, resume=auto continues where the last checkpoint left off (in W&B too,
+and a rollback in a W&B run of its own), Hydra overrides change what runs, invalid configs fail
+before anything starts, errors reach the user as their message alone, the slow path's head
+updates reach every rollout actor, and a speculative run samples the vanilla run's responses."""
 import json
 import os
 import subprocess
@@ -24,6 +24,7 @@ from specroll.preflight import PreflightError
 from specroll.telemetry import metric_names as m
 from specroll.tools.compare_runs import main as compare_main
 from specroll.train import checkpoint_to_resume, describe, errors_as_messages, run_training
+from wandb_records import wandb_history
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -53,8 +54,10 @@ def test_a_failure_before_any_checkpoint_says_a_rerun_starts_afresh(ray_cluster,
     assert "resume=auto" not in str(failure.value)
 
 
-def test_a_killed_rollout_actor_is_named_and_resume_auto_continues(ray_cluster, tmp_path, offline_wandb):
-    cfg = config(tmp_path, ["cluster.num_rollout_actors=2", "total_steps=3", "checkpoint_every=1", "logger=wandb_offline"])
+def test_a_killed_rollout_actor_is_named_and_resume_auto_continues_then_a_rollback_branches_in_wandb(
+        ray_cluster, tmp_path, offline_wandb):
+    overrides = ["cluster.num_rollout_actors=2", "total_steps=3", "checkpoint_every=1", "logger=wandb_offline"]
+    cfg = config(tmp_path, overrides)
 
     def kill_rollout_actor_1(step, metrics, actors):
         if step == 1:
@@ -79,10 +82,23 @@ def test_a_killed_rollout_actor_is_named_and_resume_auto_continues(ray_cluster, 
     # A step's line comes before its checkpoint and holds the saving time of the one before (none
     # at a launch's first step): the line of step 0, then step 1's with the checkpoint after step 0.
     assert [r["timing_s/checkpoint"] > 0 for r in rows] == [False, True, False]
-    # One W&B run: the resumed process wrote into the run the first one started.
-    runs = sorted((Path(cfg.run_dir) / "wandb").glob(f"offline-run-*-{summary.wandb_run_id}"))
+    # One W&B run: the resumed process wrote into the run the first one started, each step once.
+    run_dir, key = Path(cfg.run_dir), m.STEP_TIME_S
+    runs = sorted((run_dir / "wandb").glob(f"offline-run-*-{summary.wandb_run_id}"))
     assert len(runs) == 2 and summary.wandb_dir in map(str, runs)
+    assert wandb_history(run_dir, summary.wandb_run_id, key) == [(r["step"], r[key]) for r in rows]
     assert summary.last_checkpoint.endswith("step_00000003")
+
+    # A rollback to the checkpoint after step 1 goes on in a W&B run of its own: steps 0-1 as they
+    # were, step 2 of the new branch; the first run keeps the abandoned history.
+    older = Path(summary.checkpoint_dir) / "step_00000002"
+    with pytest.warns(UserWarning, match="starts a new branch"):
+        branch = run_training(config(tmp_path, [*overrides, f"resume={older}"]))
+    branched = read_jsonl(branch.metrics_file)
+    assert branch.first_step == 2 and branched[:2] == rows[:2] and branched[2][key] != rows[2][key]
+    assert branch.wandb_run_id != summary.wandb_run_id
+    assert wandb_history(run_dir, branch.wandb_run_id, key) == [(r["step"], r[key]) for r in branched]
+    assert wandb_history(run_dir, summary.wandb_run_id, key) == [(r["step"], r[key]) for r in rows]
 
 
 def test_hydra_overrides_change_what_runs(ray_cluster, tmp_path):

@@ -1,7 +1,8 @@
 """Bad inputs through the real driver (`run_training`, and `python -m specroll.train` itself): each
 fails before Ray or any model starts, in one message naming the file, line or field, leaving an
-existing run_dir byte for byte as it was; long prompts can be dropped instead, with a count. And
-the local cluster a run starts for itself gives its actors the driver's CPU priority."""
+existing run_dir byte for byte as it was and nothing in the launch directory; long prompts can be
+dropped instead, with a count. And the local cluster a run starts for itself gives its actors the
+driver's CPU priority."""
 import json
 import logging
 import os
@@ -210,7 +211,15 @@ def test_a_name_found_neither_here_nor_on_the_hub_fails_at_once(tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(
         f"error: the run cannot start: data.path: 'mydta/gsm8k' is not a local file or folder (none under {tmp_path})")
-    assert not (tmp_path / "run").exists() and not (tmp_path / "ray").exists()
+    assert list(tmp_path.iterdir()) == []  # no run_dir, no Ray session, nothing of Hydra's
+
+
+@pytest.mark.parametrize("override, says", [("total_steps=-1", "invalid config: total_steps must be an int >= 1"),
+                                             ("total_step=3", "Could not override 'total_step'")])
+def test_an_invalid_config_leaves_the_launch_directory_empty(tmp_path, override, says):
+    result = train_in_subprocess(tmp_path, [override])
+    assert result.returncode == 1 and says in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no outputs/<date>/<time>/ with .hydra/ and a .log
 
 
 def test_an_actor_that_does_not_see_the_run_dir_is_named(tmp_path):

@@ -48,8 +48,9 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def start_branch(root: str | Path, resume_from: str | Path) -> Path:
-    """Make `resume_from` the head of `root`'s lineage before a run resumes from it; returns it.
+def start_branch(root: str | Path, resume_from: str | Path) -> bool:
+    """Make `resume_from` the head of `root`'s lineage before a run resumes from it; True when that
+    starts a new branch.
 
     Every checkpoint under `root` that is no ancestor of `resume_from` (those of its step or
     later; all of them when `resume_from` lies elsewhere) is set aside, with a warning.
@@ -59,8 +60,7 @@ def start_branch(root: str | Path, resume_from: str | Path) -> Path:
     match = CHECKPOINT_NAME.match(resume_from.name) if inside else None
     others = [path for step, path in checkpoint_dirs(root)
               if match is None or (step >= int(match.group(1)) and path.name != resume_from.name)]
-    set_aside(root, others, f"resuming from {resume_from} starts a new branch")
-    return resume_from
+    return set_aside(root, others, f"resuming from {resume_from} starts a new branch") is not None
 
 
 def set_aside_from(root: Path, step: int) -> None:

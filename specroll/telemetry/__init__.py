@@ -4,6 +4,7 @@ from .metric_names import acceptance_depth, check_metric_name, is_metric_name
 from .progress import StepProgress, step_summary
 from .rollout_stats import drafter_update_metrics, response_metrics, summarize_rollout_stats
 from .sinks import ConsoleSink, JsonlSink, MetricsLogger, WandbSink, clean_metrics
+from .wandb_branch import start_wandb_branch
 
 __all__ = [
     "ConsoleSink",
@@ -18,6 +19,7 @@ __all__ = [
     "is_metric_name",
     "metric_names",
     "response_metrics",
+    "start_wandb_branch",
     "step_summary",
     "summarize_rollout_stats",
 ]

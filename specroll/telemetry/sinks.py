@@ -20,6 +20,7 @@ from specroll.storage import write_atomically
 
 from .config import LoggerSection
 from .metric_names import FAMILIES, STEP, check_metric_name
+from .wandb_branch import branch_notes, branch_to_keep, keep_branch, read_branch, run_to_continue
 
 JSONL_NAME = "metrics.jsonl"
 
@@ -51,6 +52,14 @@ def lines_before(path: Path, first_step: int) -> list[str]:
         if row["step"] < first_step:
             kept.append(line)
     return kept
+
+
+def history_before(path: Path, first_step: int) -> list[tuple[int, dict[str, float | int]]]:
+    """(step, metrics) of each line of `path` before `first_step`, nulls back to NaN; none without the file."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in lines_before(path, first_step)]
+    return [(row.pop("step"), {k: math.nan if v is None else v for k, v in row.items()}) for row in rows]
 
 
 def missing_steps(lines: list[str], first_step: int) -> list[int]:
@@ -121,13 +130,15 @@ class WandbSink:
     the dashboard's, `telemetry.dashboard`) draw metrics against the training step.
     """
 
-    def __init__(self, cfg: LoggerSection, run_dir: Path, config: dict | None, run_id: str | None) -> None:
+    def __init__(self, cfg: LoggerSection, run_dir: Path, config: dict | None, run_id: str | None,
+                 notes: str | None = None) -> None:
         import wandb
 
         self.run = wandb.init(
             project=cfg.project,
             entity=cfg.entity,
             name=cfg.run_name,
+            notes=notes,
             mode=cfg.mode,
             dir=str(run_dir),
             id=run_id,
@@ -149,8 +160,24 @@ class WandbSink:
         self.run.finish()
 
 
+def open_wandb(cfg: LoggerSection, run_dir: Path, config: dict | None, continued: str | None,
+               saved_run_id: str | None, first_step: int) -> WandbSink:
+    """The W&B run `continued` names, or a new one given the steps before `first_step` from metrics.jsonl."""
+    if continued is not None:
+        return WandbSink(cfg, run_dir, config, continued)
+    history = history_before(run_dir / JSONL_NAME, first_step)
+    sink = WandbSink(cfg, run_dir, config, None, branch_notes(saved_run_id, first_step, replayed=bool(history)))
+    for step, metrics in history:
+        sink.log(step, metrics)
+    return sink
+
+
 class MetricsLogger:
     """Fans each step's metrics out to W&B, `run_dir/metrics.jsonl` and the console.
+
+    W&B continues the run `run_id` names, except on a new branch (`wandb_branch`): there a new
+    run starts with the steps before `first_step` replayed from metrics.jsonl, so that it holds
+    each step of the live branch once.
 
     Args:
         cfg: which sinks, and the W&B settings.
@@ -171,18 +198,20 @@ class MetricsLogger:
         console: TextIO | None = None,
     ) -> None:
         run_dir = Path(run_dir)
-        self.wandb = WandbSink(cfg, run_dir, config, run_id) if cfg.uses_wandb else None
+        continued = run_to_continue(run_id, first_step, read_branch(run_dir))
+        self.wandb = open_wandb(cfg, run_dir, config, continued, run_id, first_step) if cfg.uses_wandb else None
         self.sinks: list[Any] = [s for s in (self.wandb,) if s is not None]
         if cfg.jsonl:
             self.sinks.append(JsonlSink(run_dir / JSONL_NAME, first_step))
         if cfg.console:
             self.sinks.append(ConsoleSink(console))
-        self._run_id = run_id
+        self._run_id = continued
         self.last_step = first_step - 1
+        keep_branch(run_dir, branch_to_keep(run_id, first_step, self.run_id))
 
     @property
     def run_id(self) -> str | None:
-        """The W&B run id to store in checkpoints (kept as given while W&B is off)."""
+        """The W&B run id to store in checkpoints (while W&B is off: the one given, None on a new branch)."""
         return self.wandb.run_id if self.wandb is not None else self._run_id
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
