@@ -1,12 +1,18 @@
 # Two entry points for a fresh machine with Python 3.11:
 #   make run    set up .venv and run the main job
-#   make test   set up .venv and run the test suite
+#   make test   set up .venv and run the test suite (what CI runs)
+# and, for every edit, make test-fast: the suite without the tests that need the real
+# model, a Ray cluster (but one smoke run), torch.compile, minutes of statistics or learning.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specroll-installed
+# pytest-xdist workers; each test module runs whole in one of them.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+FAST_TIER := smoke or not (smollm2 or ray or compile or statistics or learning)
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test test-fast clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +29,10 @@ run: $(STAMP)
 	$(PY) -m specroll.train experiment=quickstart
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PYTEST) tests
+
+test-fast: $(STAMP)
+	$(PYTEST) -m "$(FAST_TIER)" tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

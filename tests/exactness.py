@@ -18,15 +18,24 @@ Three tests per group of decisions, each an approximately chi-square statistic:
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import torch
 from scipy.stats import chi2
 
 from specroll.models import to_hf_state_dict
 from specroll.rollout import RolloutEngine
 from specroll.speculation.verification.verify import verify_tree
+
+
+def tiered(names: Iterable[str], quick: set[str]) -> list:
+    """Parameters of the settings `names`, sorted: those in `quick` run in every tier, the others
+    are marked `statistics` (minutes of sampling, left out of make test-fast)."""
+    return [pytest.param(name, marks=() if name in quick else pytest.mark.statistics) for name in sorted(names)]
+
 
 # Cells whose expected variance is below this are left out: the normal approximation needs counts.
 MIN_CELL_VARIANCE = 10.0

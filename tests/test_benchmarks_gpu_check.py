@@ -56,6 +56,7 @@ def test_gpu_check_skips_what_would_end_past_its_time_budget(tmp_path):
     assert result["timings"] == [] and len(result["skipped"]) == 7 and result["skipped"][-1]["case"] == "spec_vs_plain"
 
 
+@pytest.mark.compile
 def test_gpu_check_times_runs_with_autotuned_matmuls_and_combo_kernels_beside_the_compiled_one(tmp_path):
     path = tmp_path / "gpu_check.json"
     gpu_check.main(["--dry-run", "--device", "cpu", "--no-eager", "--no-spec", "--models", "qwen2.5-1.5b",

@@ -52,6 +52,7 @@ def test_summary_leaves_warmup_steps_out_of_the_ratios():
     assert s["reward_welch_p"] == pytest.approx(1 - 63 / (17 * math.sqrt(17)), rel=1e-9)
 
 
+@pytest.mark.ray  # two runs of the driver, each on a local cluster it starts
 def test_both_modes_train_side_by_side(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     out = tmp_path / "bench.json"

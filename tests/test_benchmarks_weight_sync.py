@@ -2,9 +2,12 @@
 import json
 import math
 
+import pytest
+
 from specroll.benchmarks.weight_sync import STAGES, main
 
 
+@pytest.mark.ray  # the benchmark starts a cluster of its own
 def test_a_tiny_run_reports_every_stage_and_the_sync_between_actors(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # another cluster's address: the benchmark starts its own
     out = tmp_path / "sync.json"

@@ -215,7 +215,6 @@ def test_tiny_model_section_builds_the_seeded_tiny_model():
         torch.testing.assert_close(got, want)
 
 
-@pytest.mark.integration
 def test_tiny_model_with_a_tokenizer_takes_its_vocabulary():
     model, tokenizer = load(["experiment=smoke"]).model.load(seed=0)
     assert model.config.vocab_size == len(tokenizer) == 49152

@@ -20,6 +20,7 @@ from exactness import (
     decisions_of,
     exactness_pvalues,
     hf_oracle,
+    tiered,
 )
 
 from specroll.fastgrpo import FastGRPOConfig, FastGRPODecoder, FeatureDrafter, OnlineConfig
@@ -81,6 +82,9 @@ SETTINGS = {
     "t1-trained-concurrency": Setting(dict(temperature=1.0), "trained", 16, capacity=9000, min_deep_share=0.01),
 }
 
+# make test-fast's setting: trees that grow as rows finish, up to 16 nodes.
+QUICK = {"t1-trained-concurrency"}
+
 
 def fastgrpo_rollout(model, drafter, setting: Setting, rule=verify_tree, greedy: bool = False):
     """(output, recorder, sampling params) of one FastGRPO generate call with `rule` as the acceptance rule."""
@@ -107,7 +111,7 @@ def rollouts(model, oracle, drafters):
     return get
 
 
-@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize("name", tiered(SETTINGS, QUICK))
 def test_every_fastgrpo_token_follows_the_policy(rollouts, name, record_property):
     out, dec = rollouts(name)
     pvalues = exactness_pvalues(dec, MAX_DEPTH)
@@ -128,7 +132,7 @@ def test_every_fastgrpo_token_follows_the_policy(rollouts, name, record_property
         assert tree.tokens_per_step_hist.get(1, 0) > 0.2 * tree.verify_steps  # rejections are exercised
 
 
-@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize("name", tiered(SETTINGS, QUICK))
 def test_sampled_responses_are_the_plain_ones(model, rollouts, name):
     """As SpecRoll's: the same seed gives plain decoding's responses, token for token."""
     setting = SETTINGS[name]
@@ -136,6 +140,7 @@ def test_sampled_responses_are_the_plain_ones(model, rollouts, name):
     assert_plain_responses(model, PROMPTS, rollouts(name)[0], params)
 
 
+@pytest.mark.statistics
 def test_pretraining_deepens_acceptance(rollouts):
     """The trained drafter is not the untrained one in disguise: more tokens per verify pass at the same tree size."""
     untrained, trained = rollouts("t1-untrained-n6")[0], rollouts("topk3-trained-n6")[0]
@@ -176,6 +181,7 @@ def leak_first_child(rate: float):
     return rule
 
 
+@pytest.mark.statistics
 def test_a_biased_rule_fails_with_fastgrpo_trees(model, oracle, drafters):
     """Negative control: the tests have the power to catch a 2% leak with these trees."""
     setting = SETTINGS["t1-untrained-n6"]

@@ -20,6 +20,7 @@ from specroll.train import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
+pytestmark = pytest.mark.ray  # the run report notebook reads two real runs
 
 
 @pytest.fixture(scope="module")

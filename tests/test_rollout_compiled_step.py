@@ -185,6 +185,7 @@ def merge(outs):
     return first
 
 
+@pytest.mark.compile
 def test_compiled_step_generates_what_the_eager_step_does(model):
     """torch.compile on a tiny model: greedy outputs identical, sampled ones too (the same
     uniforms; a reordered float sum moves a log-prob by ~1e-7, not a sample)."""
@@ -198,6 +199,7 @@ def test_compiled_step_generates_what_the_eager_step_does(model):
     assert compiled.generate(PROMPTS, params).stats.compiles == 0, "a repeated call recompiles"
 
 
+@pytest.mark.compile
 def test_compiled_engines_of_models_of_other_forms_generate_their_own_tokens():
     """Compiled steps skip dynamo's guards on modules, so a graph traced for one model must not
     serve a model of another form (`specialise`): a Qwen2 model the Llama one's size, compiled
@@ -226,6 +228,7 @@ def test_a_compiled_step_compiles_a_sweep_of_settings_past_dynamos_default_limit
     assert step.pop().compiles == 10
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("sync_free_trees", [False, True])
 def test_compiled_verify_forward_generates_what_the_eager_one_does(model, sync_free_trees):
     """The speculative engine with compiled steps (tree verify forwards padded to node-count
@@ -239,6 +242,7 @@ def test_compiled_verify_forward_generates_what_the_eager_one_does(model, sync_f
     assert compiled.stats.tree.verify_steps == eager.stats.tree.verify_steps
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("sync_free_trees", [False, True])
 def test_a_compiled_decoder_compiles_up_front_what_it_runs(model, tmp_path, monkeypatch, sync_free_trees):
     """A compiled decoder compiles its graphs when built, and its hardware profile times them
@@ -261,6 +265,7 @@ def test_a_compiled_decoder_compiles_up_front_what_it_runs(model, tmp_path, monk
         assert out.stats.compiles == 0
 
 
+@pytest.mark.compile
 def test_compiled_tree_steps_sized_on_the_host_generate_what_eager_ones_do(model):
     """Drafting and judging compiled beside the verify forward (sync-free tree steps, as on
     GPUs), under a concurrency budget whose trees change size as rows finish, after plain steps
@@ -299,6 +304,7 @@ def test_a_lone_response_beside_a_finished_row_comes_out_as_alone(model, spec):
         assert set(one.stats.active_rows_per_step) == {1} and one.stats.tokens == len(one.token_ids[0])
 
 
+@pytest.mark.compile
 def test_a_compiled_step_kept_at_two_rows_compiles_one_graph(model):
     """Kept at two rows or more (a lone response, the tail of a batch), a compiled step never
     meets the one-row batch that torch.compile specialises on: one graph for every batch."""
@@ -314,6 +320,7 @@ def test_a_compiled_step_kept_at_two_rows_compiles_one_graph(model):
     assert compiles == 1
 
 
+@pytest.mark.compile
 def test_a_decoder_kept_at_two_rows_compiles_no_one_row_graphs_up_front(model, monkeypatch):
     """The GPU rule (`compiled_min_rows` 2), applied on a CPU: a compiled speculative decoder with
     sync-free trees compiles one graph per step function up front (the plain step, the verify

@@ -23,6 +23,7 @@ from exactness import (
     decisions_of,
     exactness_pvalues,
     hf_oracle,
+    tiered,
 )
 
 from specroll.models import build_tiny_model
@@ -150,6 +151,11 @@ SETTINGS = {
 }
 
 
+# make test-fast's settings: deep trees under top-p, many rejections, a budget that grows as rows finish.
+QUICK = {"t07-topp09-path-trained-fixed16", "t1-path-random-fixed4", "t1-path-trained-concurrency"}
+QUICK_MUTATIONS = {"leak-2%", "parent-uniform-below-depth-1"}
+
+
 def cost_model_profile(decoder) -> None:
     """Verify cost grows with the pass's total tokens, so larger trees pay as rows finish; passes
     of seconds make the measured drafting time (milliseconds here) too small to sway the plan."""
@@ -218,7 +224,7 @@ def rollouts(model, oracle, heads):
     return get
 
 
-@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize("name", tiered(SETTINGS, QUICK))
 def test_every_speculative_token_follows_the_policy(rollouts, name, record_property):
     out, dec = rollouts(name)
     pvalues = exactness_pvalues(dec, NUM_HEADS)
@@ -245,7 +251,7 @@ def test_every_speculative_token_follows_the_policy(rollouts, name, record_prope
         assert 1 in out.stats.tree.budget_per_step and max(out.stats.tree.budget_per_step) > 1
 
 
-@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize("name", tiered(SETTINGS, QUICK))
 def test_sampled_responses_are_the_plain_ones(model, rollouts, name):
     """Whatever was drafted, a speculative response is the plain one for the same seed."""
     setting = SETTINGS[name]
@@ -253,6 +259,7 @@ def test_sampled_responses_are_the_plain_ones(model, rollouts, name):
     assert_plain_responses(model, PROMPTS, rollouts(name)[0], params)
 
 
+@pytest.mark.statistics
 def test_reflex_changed_the_drafts(rollouts):
     """The Reflex settings are not the static ones in disguise: the correction moved what was drafted."""
     static, reflex = rollouts("t07-topp09-path-trained-fixed16")[0], rollouts("t07-topp09-path-trained-fixed16-reflex")[0]
@@ -263,6 +270,7 @@ def test_reflex_changed_the_drafts(rollouts):
     assert vocab5.records > 0 and math.isfinite(vocab5.state_rms)
 
 
+@pytest.mark.statistics
 def test_tokens_follow_the_policy_across_a_head_update(model, oracle, heads):
     """adaptation=both (Reflex on, records collected) with a head-only update published between
     two generate calls, as a rollout actor sees it between training steps."""
@@ -296,6 +304,7 @@ def test_concurrency_budget_grows_as_rows_finish(rollouts):
     assert budgets[0] == 4 and max(budgets) == 16
 
 
+@pytest.mark.statistics
 def test_cost_model_trees_vary_with_concurrency(rollouts):
     out, _ = rollouts("topk3-vocab5-lookup-first-cost-model")
     assert len(set(out.stats.tree.budget_per_step)) >= 3, out.stats.tree.budget_per_step
@@ -390,7 +399,7 @@ MUTATIONS = {  # rule, the setting it is tried on
 }
 
 
-@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+@pytest.mark.parametrize("mutation", tiered(MUTATIONS, QUICK_MUTATIONS))
 def test_biased_acceptance_rules_are_rejected(model, oracle, heads, mutation, record_property):
     """Negative controls: subtle biases in the acceptance rule fail the same tests."""
     rule, name = MUTATIONS[mutation]

@@ -247,6 +247,7 @@ def test_slow_mode_without_a_trigger_keeps_the_heads(ray_cluster, tmp_path):
     assert seen[-1][m.HEADS_REPLAY_RECORDS] > 0 and seen[-1][m.HEADS_DRIFT_TRIGGERS] == 0
 
 
+@pytest.mark.smoke  # make test-fast's one run of the driver on Ray
 def test_the_quickstart_preset_ends_with_its_table_and_curves(ray_cluster, tmp_path):
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = load_train_config(compose("config", overrides=[

@@ -13,6 +13,7 @@ from specroll.configs import load_train_config
 from specroll.train import TRAIN, errors_as_messages, run_training
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+pytestmark = pytest.mark.ray  # clusters of its own, one of them lost
 
 
 def config(run_dir, overrides):

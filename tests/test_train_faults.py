@@ -27,6 +27,7 @@ from specroll.train import GENERATE, HEAD_UPDATE, SAVE, TRAIN, WEIGHT_SYNC, erro
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+pytestmark = pytest.mark.ray  # three raylets of its own
 # One node per actor kind, each offering the custom resource the config places that kind by.
 NODES = {"rollout_node": 2, "learner_node": 2, "consolidation_node": 1}
 PLACED = ["+cluster.rollout_resources.rollout_node=1", "+cluster.learner_resources.learner_node=1",

@@ -222,6 +222,7 @@ def test_an_invalid_config_leaves_the_launch_directory_empty(tmp_path, override,
     assert list(tmp_path.iterdir()) == []  # no outputs/<date>/<time>/ with .hydra/ and a .log
 
 
+@pytest.mark.ray
 def test_an_actor_that_does_not_see_the_run_dir_is_named(tmp_path):
     ray.init(address="local", num_cpus=1, include_dashboard=False)
     try:
@@ -242,6 +243,7 @@ def test_an_actor_that_does_not_see_the_run_dir_is_named(tmp_path):
         ray.shutdown()
 
 
+@pytest.mark.ray
 def test_a_run_started_cluster_runs_its_actors_at_the_drivers_priority():
     # At Ray's default niceness (15) any other busy process on the machine starves the run's actors.
     class Niceness:  # defined here so that Ray ships it by value to a worker that cannot import tests/
