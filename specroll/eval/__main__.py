@@ -1,7 +1,7 @@
 """Evaluate a policy on held-out problems: greedy accuracy, and pass@k over sampled responses.
 
     python -m specroll.eval runs/quickstart                        # a run's newest checkpoint, its own data
-    python -m specroll.eval runs/quickstart/checkpoints/step_00000008 --limit 16 --json eval.json
+    python -m specroll.eval runs/quickstart/checkpoints/step_00000020 --limit 16 --json eval.json
     python -m specroll.eval /path/to/hf_model data=gsm8k data.path=/path/to/gsm8k --n 8 --k 1,4,8
     python -m specroll.eval smollm2-135m-instruct --decoding plain eval.split=test
 

@@ -1,7 +1,7 @@
 """Export a run's trained policy as a directory `transformers` loads, with its draft heads beside it.
 
     python -m specroll.tools.export runs/quickstart exported/quickstart-policy
-    python -m specroll.tools.export runs/quickstart/checkpoints/step_00000008 out/policy --dtype bfloat16
+    python -m specroll.tools.export runs/quickstart/checkpoints/step_00000020 out/policy --dtype bfloat16
 
 SOURCE is a run_dir (its newest intact checkpoint) or a checkpoint folder. OUT_DIR gets
 config.json, generation_config.json, model.safetensors and the tokenizer files (with its chat
