@@ -1,5 +1,6 @@
 """Two data-parallel ranks (separate processes, gloo) take the same step as one process on the
-whole batch, although their shards split into different numbers of micro-batches."""
+whole batch, although their shards split into different numbers of micro-batches; every tensor
+reduced on the way is on the process group's device."""
 
 import os
 
@@ -32,6 +33,20 @@ def shard_samples() -> list[GRPOSamples]:
     return [make(1, [1, 2, 1]), make(3, [7, 5, 8])]
 
 
+def record_all_reduce_devices() -> list[tuple[str, torch.dtype]]:
+    """Wraps torch.distributed.all_reduce, which ours and DeepSpeed's reductions reach, to note each
+    tensor's device and dtype (ours are float64) as the rank calls it."""
+    seen = []
+    all_reduce = torch.distributed.all_reduce
+
+    def recording(tensor, *args, **kwargs):
+        seen.append((str(tensor.device), tensor.dtype))
+        return all_reduce(tensor, *args, **kwargs)
+
+    torch.distributed.all_reduce = recording
+    return seen
+
+
 def run_rank(rank: int, out_dir: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
@@ -39,6 +54,9 @@ def run_rank(rank: int, out_dir: str) -> None:
     # process before rank 0, seconds of imports later, listens on it.
     torch.distributed.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=2)
     from specroll.learner import GRPOLearner, LearnerConfig, latest_checkpoint, load_checkpoint, save_checkpoint
+    from specroll.learner.collectives import collective_device
+
+    reduced = record_all_reduce_devices()
 
     for zero_stage in ZERO_STAGES:
         cfg = LearnerConfig(
@@ -50,7 +68,9 @@ def run_rank(rank: int, out_dir: str) -> None:
         root = os.path.join(out_dir, f"ckpt{zero_stage}")
         save_checkpoint(learner, root, step=1)
         state = load_checkpoint(learner, latest_checkpoint(root))
-        result = {"metrics": metrics, "version": version, "weights": weights, "resumed_step": state.step}
+        result = {"metrics": metrics, "version": version, "weights": weights, "resumed_step": state.step,
+                  "reduced": list(reduced), "collective_device": str(collective_device())}
+        reduced.clear()
         torch.save(result, os.path.join(out_dir, f"stage{zero_stage}_rank{rank}.pt"))
     # Both ranks done before either tears gloo down: a rank that exits first can abort the other
     # (SIGABRT, "terminate called without an active exception", seen in full test runs).
@@ -85,6 +105,8 @@ def test_two_ranks_match_one_process_on_the_whole_batch(tmp_path):
         assert result["version"] == 1 and result["resumed_step"] == 1
         assert result["metrics"]["train/loss"] == pytest.approx(loss.item(), rel=1e-5, abs=1e-7)
         assert result["metrics"]["train/num_sequences"] == 6
+        assert {device for device, _ in result["reduced"]} == {result["collective_device"]}
+        assert torch.float64 in {dtype for _, dtype in result["reduced"]}
         for name, p in model.named_parameters():
             expected = -LR * p.grad / (p.grad.abs() + ADAM_EPS)
             torch.testing.assert_close(result["weights"][name] - initial[name], expected, rtol=1e-4, atol=WEIGHT_ATOL)

@@ -11,8 +11,9 @@ from .checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from .collectives import ensure_distributed
 from .config import LearnerConfig
-from .grpo_learner import GRPOLearner, build_ds_config, build_engine, ensure_distributed, lr_multiplier
+from .grpo_learner import GRPOLearner, build_ds_config, build_engine, lr_multiplier
 from .lineage import MIN_KEEP_LAST, latest_checkpoint, start_branch
 from .logprobs import ResponseLogprobs, sequence_logprobs
 

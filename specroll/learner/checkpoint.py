@@ -33,13 +33,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from safetensors.torch import save_file
 
 from specroll.models import ModelConfig, to_hf_state_dict
 from specroll.speculation.drafting.heads_state import HeadsState
 from specroll.storage import fsync_tree, publish_directory, write_durably
 
+from .collectives import barrier, rank, world_size
 from .lineage import (
     COMPLETE_MARKER,
     MIN_KEEP_LAST,
@@ -172,15 +172,6 @@ class ResumeState:
     draft_history: list[dict[str, Any]] | None = None  # per rollout actor: its history lookup's responses
 
 
-def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
 def latest_intact_checkpoint(root: str | Path) -> Path | None:
     """The newest complete checkpoint whose files match its marker; warns naming each damaged file passed over."""
     for _, path in reversed(complete_checkpoints(root)):
@@ -295,7 +286,7 @@ def save_checkpoint(
             "policy_version": learner.version,
             "data_position": data_position or {},
             "wandb_run_id": wandb_run_id,
-            "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+            "world_size": world_size(),
             "config": resolved_config(learner, run_config),
         }
         write_durably(tmp / STATE_FILE, json.dumps(state, indent=2))

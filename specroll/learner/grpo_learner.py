@@ -14,18 +14,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 import socket
 from collections.abc import Iterator
 
 import torch
-import torch.distributed as dist
 
 from specroll.grpo import policy_loss, valid_token_mask
 from specroll.models import CausalLM, resolve_device
 from specroll.telemetry import metric_names as m
 
 from .batching import GRPOSamples, MicroBatch, loss_normalizer, micro_batch_indices, mini_batch_indices, pad_samples
+from .collectives import ensure_distributed, max_over_ranks, sum_over_ranks, world_size
 from .config import LearnerConfig
 from .logprobs import sequence_logprobs
 from .phases import phase
@@ -35,37 +34,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def ensure_distributed(device: torch.device) -> None:
-    """Join (or create) the process-wide process group: gloo on CPU, NCCL on CUDA.
-
-    A plain `python` process gets one rank on an in-memory store; launchers (Ray actors,
-    torchrun) set RANK / WORLD_SIZE / MASTER_* themselves.
-    """
-    os.environ.setdefault("DS_ACCELERATOR", device.type)
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
-
-    accelerator = get_accelerator().device_name()
-    if accelerator != device.type:
-        raise ValueError(
-            f"learner device is {device.type!r} but DeepSpeed's accelerator is {accelerator!r}; "
-            f"set DS_ACCELERATOR={device.type} before deepspeed is first imported"
-        )
-    if device.type == "cpu" and "LOCAL_SIZE" not in os.environ:
-        # DeepSpeed's shared-memory all-reduce serves only inference under its own launcher (LOCAL_SIZE), yet it
-        # is compiled on first use: minutes, in a build directory that each Python environment rebuilds in turn.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    if dist.is_initialized():
-        return
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(key, value)
-    backend = "gloo" if device.type == "cpu" else "nccl"
-    if os.environ["WORLD_SIZE"] == "1":
-        # One rank needs no rendezvous, so no port is picked that another process could take first.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
 
 
 def lr_multiplier(step: int, cfg: LearnerConfig) -> float:
@@ -128,18 +96,6 @@ def build_engine(model: CausalLM, cfg: LearnerConfig):
     return engine
 
 
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def all_reduce(values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
-    if world_size() == 1:
-        return [float(v) for v in values]
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=op)
-    return t.tolist()
-
-
 class MetricSums:
     """Sums behind the train/* metrics of one `update`, reduced over ranks at the end."""
 
@@ -168,7 +124,7 @@ class MetricSums:
         self.add("pg_loss", metrics["pg_loss"])
 
     def reduced(self) -> dict[str, float]:
-        return dict(zip(self.KEYS, all_reduce([self.sums[k] for k in self.KEYS])))
+        return dict(zip(self.KEYS, sum_over_ranks([self.sums[k] for k in self.KEYS])))
 
 
 class GRPOLearner:
@@ -235,7 +191,7 @@ class GRPOLearner:
         out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
         batches = self.micro_batches(samples, list(range(len(samples))))
         # ZeRO-3 gathers weights inside each forward: every rank runs as many as the busiest.
-        num_forwards = len(batches) if use_reference else int(all_reduce([len(batches)], dist.ReduceOp.MAX)[0])
+        num_forwards = len(batches) if use_reference else int(max_over_ranks([len(batches)])[0])
         for k in range(num_forwards):
             mb = batches[min(k, len(batches) - 1)]
             logprobs = sequence_logprobs(model, mb.input_ids, mb.prompt_lens, mb.response_lens, self.cfg.temperature)
@@ -263,7 +219,7 @@ class GRPOLearner:
         """
         self.check_samples(samples)
         if world_size() > 1:
-            most, fewest = all_reduce([len(samples), -len(samples)], dist.ReduceOp.MAX)
+            most, fewest = max_over_ranks([len(samples), -len(samples)])
             if most != -fewest:
                 raise ValueError(f"every rank must pass the same number of samples, got {-fewest:.0f} to {most:.0f}")
         old = samples.old_logprobs
@@ -281,8 +237,8 @@ class GRPOLearner:
 
     def optimizer_step(self, batches: list[MicroBatch], sums: MetricSums) -> None:
         loss_cfg = self.cfg.loss
-        normalizer = all_reduce([loss_normalizer(batches, loss_cfg)])[0]
-        num_micro = int(all_reduce([len(batches)], dist.ReduceOp.MAX)[0])
+        normalizer = sum_over_ranks([loss_normalizer(batches, loss_cfg)])[0]
+        num_micro = int(max_over_ranks([len(batches)])[0])
         sums.add("real_tokens", sum(int((mb.prompt_lens + mb.response_lens).sum()) for mb in batches))
         sums.add("padded_tokens", sum(mb.num_padded_tokens for mb in batches))
         if normalizer == 0:
@@ -334,7 +290,7 @@ class GRPOLearner:
 
     def finish_metrics(self, sums: MetricSums, samples: GRPOSamples) -> dict[str, float]:
         zero_std = samples.zero_std_groups
-        num_seq, response_tokens, num_truncated, num_skipped, zero_std_groups, groups = all_reduce([
+        num_seq, response_tokens, num_truncated, num_skipped, zero_std_groups, groups = sum_over_ranks([
             len(samples),
             sum(len(r) for r in samples.response_ids),
             float(samples.truncated_flags().sum()),

@@ -60,8 +60,9 @@ from specroll.grpo import entropy_from_logits
 from specroll.models import CausalLM, resolve_device
 
 from .checkpoint import export_hf
+from .collectives import world_size
 from .config import LearnerConfig, check_int
-from .grpo_learner import build_engine, world_size
+from .grpo_learner import build_engine
 
 PRECISIONS = ("auto", "float32", "bf16-autocast", "bfloat16")
 SUMMARY_FILE = "sft_summary.json"
