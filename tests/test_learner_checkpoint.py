@@ -308,6 +308,19 @@ def test_rng_state_loads_without_pickle_and_restores_every_stream(tmp_path):
     assert (draw_random_numbers(), random.gauss(0, 1), np.random.standard_normal()) == expected
 
 
+def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu_only_node(tmp_path, monkeypatch):
+    """torch.save records each tensor's device: a GPU rank's files name cuda:0, which a node without
+    CUDA reads only when the load maps it to the CPU (DeepSpeed maps its own files)."""
+    heads = HeadsState(1, {"proj": torch.ones(2, 3)}, None, {"detector": {"step": 4}})
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        saved = save_checkpoint(make_learner(), tmp_path, step=1, heads=heads, drafter=[{"w": torch.ones(2)}],
+                                draft_history=[{"tokens": torch.arange(3)}])
+    state = load_checkpoint(make_learner(), saved)
+    loaded = [state.heads.state["proj"], state.drafter[0]["w"], state.draft_history[0]["tokens"]]
+    assert [t.device.type for t in loaded] == ["cpu"] * 3
+
+
 @pytest.mark.parametrize(
     "zero_stage, model, message",
     [

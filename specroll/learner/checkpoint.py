@@ -14,8 +14,9 @@ The marker records every file's size and SHA-256, so damage done after the save 
 copy, a full disk, bit rot) is found before loading: `verify_checkpoint` names the damaged
 file and `latest_intact_checkpoint` falls back past it. Markers written before the hashes
 (a bare step number) are accepted unverified, with a warning, so older runs still resume.
-Our own files load with `weights_only=True` (RNG states are saved as tensors and numbers);
-DeepSpeed unpickles its own files, which is why they are verified first.
+Our own files load with `weights_only=True` (RNG states are saved as tensors and numbers) and
+onto the CPU (a GPU rank's files name its device, absent on a CPU-only node); DeepSpeed unpickles
+its own files, which is why they are verified first.
 """
 from __future__ import annotations
 
@@ -154,7 +155,7 @@ class RngState:
 
     @classmethod
     def load(cls, path: Path) -> RngState:
-        return cls(**torch.load(path, weights_only=True))
+        return cls(**torch.load(path, map_location="cpu", weights_only=True))
 
 
 @dataclass
@@ -348,9 +349,9 @@ def load_checkpoint(learner, path: str | Path, verify: bool = True) -> ResumeSta
     heads_file = path / HEADS_FILE
     heads = HeadsState.load(heads_file) if heads_file.is_file() else None
     drafter_file = path / DRAFTER_FILE
-    drafter = torch.load(drafter_file, weights_only=True) if drafter_file.is_file() else None
+    drafter = torch.load(drafter_file, map_location="cpu", weights_only=True) if drafter_file.is_file() else None
     history_file = path / DRAFT_HISTORY_FILE
-    draft_history = torch.load(history_file, weights_only=True) if history_file.is_file() else None
+    draft_history = torch.load(history_file, map_location="cpu", weights_only=True) if history_file.is_file() else None
     return ResumeState(
         path=path,
         step=int(state["step"]),

@@ -31,7 +31,7 @@ class HeadsState:
     def load(cls, path: str | Path) -> HeadsState:
         """What `save` wrote; a file without "meta" or "consolidation" (the oldest checkpoints)
         loads with None there."""
-        saved = torch.load(path, weights_only=True)
+        saved = torch.load(path, map_location="cpu", weights_only=True)
         missing = {"version", "state"} - set(saved)
         if missing:
             raise ValueError(f"{path} lacks {sorted(missing)} of the saved heads; it holds {sorted(saved)}")
