@@ -23,6 +23,7 @@ ROWS, TOKENS, PROMPT_TOKENS = 2, 512, 128
 def peak_allocated_bytes(prof) -> int:
     """Most tensor bytes allocated at once while `prof` recorded, above what was allocated before:
     the allocators' own allocation and free events, summed in time order."""
+    # Read raw: the public `prof.events()` folds most of them into the ops that were running.
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())
     live = peak = 0
