@@ -105,6 +105,13 @@ def test_experiments_override_groups_and_top_level_values():
     assert (paper.data.name, paper.learner.dtype, paper.cluster.learner_world_size) == ("gsm8k", "bfloat16", 4)
 
 
+def test_activation_checkpointing_is_off_on_cpus_and_on_in_the_gpu_preset():
+    assert not load().learner.activation_checkpointing
+    assert load(["learner.activation_checkpointing=true"]).learner.activation_checkpointing
+    assert load(["experiment=paper_gsm8k_qwen2_5_1_5b"]).learner.activation_checkpointing
+    assert not load(["experiment=paper_gsm8k_qwen2_5_1_5b", "learner.activation_checkpointing=false"]).learner.activation_checkpointing
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -117,6 +124,7 @@ def test_experiments_override_groups_and_top_level_values():
         (["cluster.remote_timeout_s=0"], "cluster.remote_timeout_s must be a finite number > 0"),
         (["rollout.speculation.min_nodes=32"], "rollout.speculation.max_nodes (16) must be >= rollout.speculation.min_nodes (32)"),
         (["learner.zero_stage=4"], "learner.zero_stage must be one of (0, 1, 2, 3), got 4"),
+        (["learner.activation_checkpointing=sometimes"], "learner.activation_checkpointing must be a bool, got 'sometimes'"),
         (["learner.loss.clip_low=1.5"], "learner.loss.clip_low must be in [0, 1)"),
         (["learner.loss.kl_estimator=k9"], "learner.loss.kl_estimator must be one of 'k1', 'k2', 'k3'"),
         (["data.synthetic.max_steps=1"], "data.synthetic.max_steps must be >= 2"),

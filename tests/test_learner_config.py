@@ -20,6 +20,7 @@ from specroll.learner import LearnerConfig, build_ds_config, lr_multiplier
         ({"lr_schedule": "cosine", "total_steps": 5, "warmup_steps": 5}, "total_steps"),
         ({"grad_clip": float("nan")}, "grad_clip"),
         ({"micro_batch_tokens": 0}, "micro_batch_tokens"),
+        ({"activation_checkpointing": 1}, "activation_checkpointing"),
         ({"ppo_epochs": 0}, "ppo_epochs"),
         ({"mini_batch_size": 0}, "mini_batch_size"),
         ({"max_response_len": 0}, "max_response_len"),

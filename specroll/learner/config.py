@@ -64,6 +64,11 @@ class LearnerConfig:
     """Token budget of one forward/backward: a micro-batch holds as many sequences as fit in
     this many padded tokens (prompt + response). A longer sequence runs alone."""
 
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer in backward instead of keeping its activations: a micro-batch
+    then holds every layer's input and one layer's intermediates, for about one more forward of
+    compute. On in the GPU presets, where activations, not weights, fill a learner's memory."""
+
     ppo_epochs: int = 1
     """Passes over each rollout batch; epochs after the first are off-policy (clipping acts)."""
 
@@ -147,8 +152,10 @@ class LearnerConfig:
         check_finite("grad_clip", self.grad_clip, 0.0)
 
     def validate_batching(self) -> None:
-        """Micro-batches, mini-batches, epochs and the sequence lengths `update` accepts."""
+        """Micro-batches and their checkpointing, mini-batches, epochs and the sequence lengths `update` accepts."""
         check_int("micro_batch_tokens", self.micro_batch_tokens)
+        if not isinstance(self.activation_checkpointing, bool):
+            raise ValueError(f"activation_checkpointing must be a bool, got {self.activation_checkpointing!r}")
         check_int("ppo_epochs", self.ppo_epochs)
         if self.mini_batch_size is not None:
             check_int("mini_batch_size", self.mini_batch_size)

@@ -82,6 +82,7 @@ def build_engine(model: CausalLM, cfg: LearnerConfig):
     import deepspeed
 
     ensure_distributed(resolve_device(cfg.device))
+    model.use_activation_checkpointing(cfg.activation_checkpointing)
     engine, *_ = deepspeed.initialize(
         model=model.to(dtype=training_dtype(cfg)),
         model_parameters=[p for p in model.parameters() if p.requires_grad],

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
 from .kv_cache import KVCache, LayerKV, attended, store
@@ -171,6 +172,7 @@ class CausalLM(nn.Module):
         self.register_buffer("inv_freq", rope_inverse_frequencies(cfg), persistent=False)
         # The architecture as `form` names it: neither the weights' identity nor their stop tokens.
         self.architecture = str({k: v for k, v in asdict(cfg).items() if k not in ("name", "eos_token_ids")})
+        self.activation_checkpointing = False  # see `use_activation_checkpointing`
 
     @property
     def form(self) -> str:
@@ -183,6 +185,15 @@ class CausalLM(nn.Module):
     def use_prepacked_linears(self, enabled: bool = True) -> "CausalLM":
         """Inference on CPU multiplies by prepacked weights (see `prepacked_linear`)."""
         set_prepacked(self, enabled)
+        return self
+
+    def use_activation_checkpointing(self, enabled: bool = True) -> "CausalLM":
+        """Training forwards (gradients on, no KV cache) keep only each decoder layer's inputs and
+        recompute the layer in backward: activation memory drops from every layer's intermediates
+        to one layer's, for about one more forward of compute. Forwards with a cache or without
+        gradients (rollout, compiled steps, log-probs under no_grad) never checkpoint, so `form`
+        does not change."""
+        self.activation_checkpointing = enabled
         return self
 
     def _apply(self, fn, recurse=True):
@@ -234,9 +245,15 @@ class CausalLM(nn.Module):
             mask = new_token_mask[:, None]
         bias = None if mask is None else attention_bias(mask, cfg.num_heads // cfg.num_kv_heads, x.dtype)
 
+        # `cache` first: a compiled step (always with a cache) traces neither the flag nor the checkpoint.
+        recompute = cache is None and torch.is_grad_enabled() and self.activation_checkpointing
         update = torch.zeros_like(x)
         for i, layer in enumerate(self.layers):
-            x, update = layer(x, update, cos, signed_sin, None if cache is None else cache.layer(i), slots, bias)
+            layer_kv = None if cache is None else cache.layer(i)
+            if recompute:
+                x, update = checkpoint(layer, x, update, cos, signed_sin, layer_kv, slots, bias, use_reentrant=False)
+            else:
+                x, update = layer(x, update, cos, signed_sin, layer_kv, slots, bias)
         hidden = self.norm(x + update)
         picked = hidden
         if logits_at is not None:
