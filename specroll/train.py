@@ -49,6 +49,7 @@ from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_
 from specroll.models import resolve_checkpoint
 from specroll.preflight import preflight
 from specroll.run_dir import CHECKPOINTS, write_run_token
+from specroll.run_owner import Owner, RunDirOwnedError, heartbeat, release_ownership, take_ownership
 from specroll.storage import write_atomically
 from specroll.telemetry import (
     MetricsLogger,
@@ -71,7 +72,7 @@ CURVES_NAME = "run_curves.png"  # under run_dir: the run's curves, drawn at its 
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks, kept for ours
 # Errors whose message names what failed (a config field, a file or folder, the Ray address, an actor, a lost
 # cluster): a traceback adds nothing. OSError holds PermissionError, FileNotFoundError and ConnectionError.
-REPORTED_ERRORS = (ValueError, OSError, ActorFailedError, ClusterLostError)
+REPORTED_ERRORS = (ValueError, OSError, ActorFailedError, ClusterLostError, RunDirOwnedError)
 # The phases of a step, in order, as `run_training`'s `on_phase` sees them begin.
 WEIGHT_SYNC, GENERATE, HEAD_UPDATE, TRAIN, SAVE = "weight_sync", "generate", "head_update", "train", "save"
 STEP_PHASES = (WEIGHT_SYNC, GENERATE, HEAD_UPDATE, TRAIN, SAVE)
@@ -87,6 +88,7 @@ class Run:
     """One launch of a run: what `prepare` sets up, `train_loop` advances and `teardown` ends."""
 
     cfg: TrainConfig
+    owner: Owner | None = None  # this launch, once it owns run_dir: released at the end
     started_ray: bool = False  # Ray was started here, so it is shut down here
     actors: RunActors | None = None
     stream: PromptStream | None = None
@@ -163,13 +165,14 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
 
 def prepare(run: Run) -> None:
     """Everything before the first step: every input checked (before anything is written), the
-    checkpoint to resume, the saved config and run token, converted model checkpoints, Ray, the
+    run_dir's ownership (refused while another launch holds it), the checkpoint to resume, the saved config and run token, converted model checkpoints, Ray, the
     actors (each seeing the run_dir), the restored state and the logger."""
     check_runnable(run.cfg)
     inputs = preflight(run.cfg)
     run.cfg = cfg = inputs.cfg  # run_dir and local paths absolute, for every actor on every node
     if cfg.eval_every:
         run.held_out = load_held_out(cfg.data, cfg.eval)
+    run.owner = take_ownership(run.run_dir)
     resume_from = checkpoint_to_resume(cfg, run.checkpoints)
     save_resolved_config(cfg, run.run_dir)
     token = write_run_token(run.run_dir)
@@ -238,6 +241,7 @@ def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | N
                                    time.perf_counter() - started + checkpoint_s)
             metrics.update(evaluation)
             run.logger.log(step, metrics)  # before the checkpoint that covers the step
+            heartbeat(run.run_dir)
             if run.rollout_log is not None:
                 run.rollout_log.write(rollouts)
             progress.update(step, metrics)
@@ -338,7 +342,8 @@ def resume_advice(checkpoints: Path) -> str:
 
 
 def teardown(run: Run) -> None:
-    """Close what the run opened (the logger, the actors, Ray if started here), in that order."""
+    """Close what the run opened (the logger, the actors, Ray if started here), in that order, then
+    give up the run_dir: the actors have stopped writing there."""
     if run.logger is not None:
         run.logger.close()
     if run.rollout_log is not None:
@@ -347,6 +352,8 @@ def teardown(run: Run) -> None:
         run.actors.shutdown()
     if run.started_ray:
         ray.shutdown()
+    if run.owner is not None:
+        release_ownership(run.run_dir, run.owner)
 
 
 def check_runnable(cfg: TrainConfig) -> None:

@@ -2,7 +2,8 @@
 failures name the actor, resume=auto continues where the last checkpoint left off (in W&B too,
 and a rollback in a W&B run of its own), Hydra overrides change what runs, invalid configs fail
 before anything starts, errors reach the user as their message alone, the slow path's head
-updates reach every rollout actor, and a speculative run samples the vanilla run's responses."""
+updates reach every rollout actor, a speculative run samples the vanilla run's responses, and a
+dead launch's ownership of the run_dir is taken over."""
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from specroll.data import PromptStream, load_problems
 from specroll.learner import CheckpointDamagedError, GRPOLearner, LearnerConfig, latest_checkpoint, save_checkpoint
 from specroll.models import build_tiny_model
 from specroll.preflight import PreflightError
+from specroll.run_owner import OWNER_NAME
 from specroll.telemetry import metric_names as m
 from specroll.tools.compare_runs import main as compare_main
 from specroll.train import checkpoint_to_resume, describe, errors_as_messages, run_training
@@ -117,6 +119,18 @@ def test_hydra_overrides_change_what_runs(ray_cluster, tmp_path):
     # The resolved config is saved with the run, overrides included.
     saved = OmegaConf.to_container(OmegaConf.load(summary.config_file))
     assert saved == cfg.to_dict() and saved["cluster"]["num_rollout_actors"] == 2
+
+
+def test_a_dead_launchs_ownership_is_taken_over_with_a_warning_and_released_at_the_end(ray_cluster, tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / OWNER_NAME).write_text(json.dumps(
+        {"host": os.uname().nodename, "pid": pid, "process_started": 1.0, "started": "2026-12-07T11:00:00Z"}))
+    with pytest.warns(UserWarning, match=f"taking over run_dir .* from a dead launch: pid {pid} on host"):
+        summary = run_training(config(tmp_path, ["total_steps=1", "checkpoint_every=0"]))
+    assert [r["step"] for r in read_jsonl(summary.metrics_file)] == [0]
+    assert not (tmp_path / "run" / OWNER_NAME).exists()
 
 
 def test_invalid_configs_fail_before_anything_starts(tmp_path):

@@ -1,7 +1,7 @@
 """Bad inputs through the real driver (`run_training`, and `python -m specroll.train` itself): each
 fails before Ray or any model starts, in one message naming the file, line or field, leaving an
 existing run_dir byte for byte as it was and nothing in the launch directory; long prompts can be
-dropped instead, with a count. And the local cluster a run starts for itself gives its actors the
+dropped instead, with a count. A run_dir another live launch owns is refused the same way. And the local cluster a run starts for itself gives its actors the
 driver's CPU priority."""
 import json
 import logging
@@ -21,6 +21,7 @@ from specroll.actors.remote_calls import ActorFailedError, gather
 from specroll.configs import ClusterSection, load_train_config
 from specroll.preflight import PreflightError, preflight
 from specroll.run_dir import SeesRunDir, unwritable, write_run_token
+from specroll.run_owner import RunDirOwnedError, release_ownership, take_ownership
 from specroll.train import connect_ray, errors_as_messages, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,6 +213,26 @@ def test_a_name_found_neither_here_nor_on_the_hub_fails_at_once(tmp_path):
     assert result.stderr.strip().splitlines()[-1].startswith(
         f"error: the run cannot start: data.path: 'mydta/gsm8k' is not a local file or folder (none under {tmp_path})")
     assert list(tmp_path.iterdir()) == []  # no run_dir, no Ray session, nothing of Hydra's
+
+
+def test_a_run_dir_a_live_launch_owns_is_refused_naming_it_before_anything_is_written(tmp_path):
+    run_dir = earlier_run(tmp_path)
+    owner = take_ownership(run_dir)  # as the live launch holds it: this process is that launch
+    before = contents(run_dir)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RunDirOwnedError) as refused:
+            run_training(config(run_dir, []))
+        assert time.monotonic() - started < FAST_S and not ray.is_initialized()
+        assert f"in use by another launch: {owner.describe()}" in str(refused.value)
+        result = train_in_subprocess(tmp_path, ["run_dir=run"])
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert result.stderr.strip().splitlines()[-1].startswith(
+            f"error: run_dir {run_dir} is in use by another launch: {owner.describe()}")
+        assert not (tmp_path / "ray").exists()
+        assert contents(run_dir) == before  # config.yaml, metrics.jsonl, no token, the owner's record
+    finally:
+        release_ownership(run_dir, owner)
 
 
 @pytest.mark.parametrize("override, says", [("total_steps=-1", "invalid config: total_steps must be an int >= 1"),
