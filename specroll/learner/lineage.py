@@ -90,6 +90,7 @@ def set_aside(root: Path, paths: list[Path], reason: str) -> Path | None:
 
 def rotate_checkpoints(root: Path, keep_last: int | None) -> None:
     """Delete complete checkpoints beyond the newest `keep_last`, and leftovers of crashed saves."""
+    # Called after this save is published, and only run_dir's owner saves here (run_owner.py): any `.tmp` left is a dead launch's.
     for path in root.glob("step_*.tmp"):
         shutil.rmtree(path, ignore_errors=True)
     if keep_last is None:
