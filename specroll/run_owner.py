@@ -122,7 +122,7 @@ def take_ownership(run_dir: Path) -> Owner:
                     f"run_dir {run_dir} is in use by another launch: {owner.describe()} ({decided.reason}); "
                     f"wait for it to end or stop it, or choose another run_dir (if that launch is dead, "
                     f"delete {path})") from None
-            set_aside_stale(path)
+            set_aside_stale(path, owner)
             warnings.warn(f"taking over run_dir {run_dir} from a dead launch: {owner.describe()} ({decided.reason})",
                           stacklevel=2)
             continue
@@ -133,14 +133,20 @@ def take_ownership(run_dir: Path) -> Owner:
         return me
 
 
-def set_aside_stale(path: Path) -> None:
-    """Remove a dead owner's record by renaming it first: of two launches taking over at once, one
-    rename succeeds and the other then finds the winner's new record."""
+def set_aside_stale(path: Path, dead: Owner) -> None:
+    """Remove `dead`'s record at `path`. It is renamed aside first and put back when it turns out to be
+    another's: of two launches taking over at once, the slower must not remove the winner's new record."""
     aside = path.with_name(f"{path.name}.stale-{os.getpid()}")
     try:
         path.rename(aside)
     except FileNotFoundError:
         return
+    found = read_owner(aside)
+    if found is not None and found[0] != dead:
+        try:
+            os.link(aside, path)  # back in place, unless yet another launch has created one since
+        except FileExistsError:
+            pass
     aside.unlink()
 
 

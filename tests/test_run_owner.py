@@ -19,6 +19,7 @@ from specroll.run_owner import (
     RunDirOwnedError,
     heartbeat,
     release_ownership,
+    set_aside_stale,
     take_ownership,
     verdict,
 )
@@ -98,3 +99,13 @@ def test_release_leaves_a_record_that_is_not_its_own(tmp_path):
     (tmp_path / OWNER_NAME).write_text(json.dumps({**mine.__dict__, "pid": mine.pid + 1}))
     release_ownership(tmp_path, mine)
     assert (tmp_path / OWNER_NAME).exists()
+
+
+def test_a_slower_take_over_leaves_the_winners_new_record(tmp_path):
+    """Two launches judged the same record dead; the first has already replaced it with its own."""
+    winner = take_ownership(tmp_path)
+    record = (tmp_path / OWNER_NAME).read_text()
+    set_aside_stale(tmp_path / OWNER_NAME, OWNER)  # the slower launch removes what it judged dead
+    assert (tmp_path / OWNER_NAME).read_text() == record
+    assert [p.name for p in tmp_path.iterdir()] == [OWNER_NAME]
+    release_ownership(tmp_path, winner)
