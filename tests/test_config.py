@@ -151,6 +151,8 @@ def test_activation_checkpointing_is_off_on_cpus_and_on_in_the_gpu_preset():
         (["model.tokenizer=smollm2-135m-instruct"], "model.tokenizer is only for tiny-* models"),
         (["logger.mode=cloud"], "logger.mode must be one of 'offline', 'online', 'disabled'"),
         (["cluster.gpus_per_learner=1.5"], "cluster.gpus_per_learner must be a whole number"),
+        (["cluster.weight_sync=ray"], "cluster.weight_sync must be one of 'collective', 'object_store', got 'ray'"),
+        (["cluster.weight_sync_bucket_mb=0"], "cluster.weight_sync_bucket_mb must be a finite number > 0"),
         (["+cluster.rollout_resources.rollout_node=0"], "cluster.rollout_resources.rollout_node must be a finite number > 0"),
         (["+cluster.learner_resources.GPU=1"], "cluster.learner_resources names custom resources, not 'GPU'"),
         (["learner.temperature=0.5"], "learner.temperature (0.5) must equal rollout.temperature (1.0)"),

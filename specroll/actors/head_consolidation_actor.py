@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, replace
 import ray
 import torch
 
-from specroll.models.flat_weights import FlatWeights
+from specroll.models.flat_weights import FlatWeights, view
+from specroll.models.weight_buckets import Bucket, BucketPlan
 from specroll.rollout.stats import TreeStats
 from specroll.run_dir import SeesRunDir
 from specroll.speculation import HorizonHeads, SpeculationConfig
@@ -33,6 +34,7 @@ from specroll.telemetry import metric_names as m
 
 from .placement import actor_device
 from .remote_calls import gather
+from .sync_group import SyncAddress, SyncGroup
 
 HISTORY_SIZE = 4096  # drift records kept; ~100 bytes each
 
@@ -137,6 +139,7 @@ class HeadConsolidationActor(SeesRunDir):
         self.current: HeadsState | None = None  # what every rollout actor drafts with; no slow-path state
         self.consolidator: HeadConsolidator | None = None
         self.policy: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (version, LM head, embeddings)
+        self.sync: SyncGroup | None = None  # its end of the weight-sync group (weight_sync=collective)
         self.rollout_actors: list = []
         self.sync_s = 0.0  # broadcast time not yet reported by `step_stats`
         self.update_s = 0.0  # update time not yet reported
@@ -205,6 +208,30 @@ class HeadConsolidationActor(SeesRunDir):
         embed = embed_view.to(device, copy=True)
         lm_head = embed if lm_head_view.data_ptr() == embed_view.data_ptr() else lm_head_view.to(device, copy=True)
         self.policy = (version, lm_head, embed)
+        return version
+
+    def weight_sync_device(self) -> str:
+        return torch.device(actor_device("auto")).type
+
+    def join_weight_sync(self, address: SyncAddress, rank: int, size: int, backend: str, plan: BucketPlan,
+                         timeout_s: float) -> None:
+        self.sync = SyncGroup.join(address, rank, size, backend, plan, timeout_s)
+
+    def receive_policy(self, version: int) -> int:
+        """The learner's policy `version` streamed over the weight-sync group: every bucket passes
+        through, the LM head and embeddings are kept, and replace the last ones once the version checks."""
+        device = actor_device("auto")
+        kept: dict[str, torch.Tensor] = {}
+
+        def keep(bucket: Bucket, flat: torch.Tensor) -> None:
+            for slot in bucket.slots:
+                wanted = [name for name in slot.names if name in ("embed_tokens.weight", "lm_head.weight")]
+                if wanted:  # copied: the bucket's buffer is reused; tied names keep one tensor
+                    kept.update(dict.fromkeys(wanted, view(flat, slot).to(device, copy=True)))
+
+        self.sync.receive(version, keep)
+        embed = kept["embed_tokens.weight"]
+        self.policy = (version, kept.get("lm_head.weight", embed), embed)
         return version
 
     def consolidate(self, step: int, parts: list[HeadRecords]) -> ConsolidationReport:

@@ -21,11 +21,13 @@ from specroll.learner.checkpoint import ResumeState
 from specroll.learner.grpo_learner import free_port
 from specroll.models import resolve_dtype
 from specroll.models.flat_weights import FlatWeights
+from specroll.models.weight_buckets import BucketPlan
 from specroll.run_dir import SeesRunDir
 from specroll.speculation.drafting.heads_state import HeadsState
 
 from .batch import Rollouts
 from .placement import actor_device, use_cpus
+from .sync_group import SyncAddress, SyncGroup, rendezvous
 from .threads import node_cores, phase_threads, use_threads
 
 
@@ -67,6 +69,8 @@ class LearnerActor(SeesRunDir):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.learner: GRPOLearner | None = None
         self.packed: FlatWeights | None = None  # rank 0: the buffers of the last weights handed out
+        self.sync_store = None  # rank 0, weight_sync=collective: the weight-sync group's store
+        self.sync: SyncGroup | None = None  # rank 0's end of the weight-sync group, once joined
         self.threads = phase_threads(cfg.cluster, node_cores()).learner  # while training
 
     def master_address(self) -> MasterAddress:
@@ -114,6 +118,36 @@ class LearnerActor(SeesRunDir):
             # Ray copies the returned buffers into the object store, so the next sync may reuse them.
             self.packed = FlatWeights.pack(state, resolve_dtype(self.cfg.model.dtype), into=self.packed)
         return VersionedWeights(self.learner.version, self.packed)
+
+    def sync_plan(self) -> BucketPlan:
+        """The buckets the policy is streamed in: the replicas' dtype, `cluster.weight_sync_bucket_bytes`."""
+        return BucketPlan.of(self.learner.module, resolve_dtype(self.cfg.model.dtype),
+                             self.cfg.cluster.weight_sync_bucket_bytes)
+
+    def open_weight_sync(self) -> tuple[SyncAddress, BucketPlan]:
+        """Rank 0: listen for the weight-sync group; where, and the plan every member follows."""
+        self.sync_store, address = rendezvous(self.cfg.cluster.remote_timeout_s)
+        return address, self.sync_plan()
+
+    def weight_sync_device(self) -> str:
+        return self.learner.device.type
+
+    def join_weight_sync(self, address: SyncAddress, rank: int, size: int, backend: str, plan: BucketPlan,
+                         timeout_s: float) -> None:
+        """Rank 0 joins the weight-sync group as its rank 0 (the sender)."""
+        self.sync = SyncGroup.join(address, rank, size, backend, plan, timeout_s, store=self.sync_store)
+
+    def send_policy(self) -> int:
+        """Stream the current policy to the weight-sync group (rank 0); every rank takes part in the
+        gathers, one bucket's parameters at a time under ZeRO-3. Returns the policy version."""
+        version = self.learner.version
+        if self.rank == 0:
+            self.sync.send(version, lambda bucket: self.learner.gathered_state(bucket.names))
+        elif self.learner.cfg.zero_stage == 3:
+            for bucket in self.sync_plan().buckets:
+                with self.learner.gathered_state(bucket.names):
+                    pass
+        return version
 
     def response_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """Log-probs of given responses under the current policy at the training temperature."""

@@ -15,6 +15,9 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 # gcs_rpc_server_reconnect_timeout_s (60 s by default), so the loss is named well before.
 CLUSTER_CHECK_S = 2.0
 CLUSTER_LOST_ERRORS = (RaySystemError, GetTimeoutError, ConnectionError)
+# How long the other members of a collective are watched, after one fails, for a death that caused it:
+# Ray learns of a killed or crashed process within about a second, of a lost node within its health checks.
+DEATH_GRACE_S = 20.0
 DEATH_CAUSE = "The actor is dead because"  # the line of Ray's message saying why (killed, out of memory, its node died)
 
 
@@ -76,7 +79,8 @@ def died(exc: RayActorError, called: str, what: str, names: Mapping[str, str]) -
 
 
 def gather(calls: Sequence[tuple[str, "ray.ObjectRef"]], what: str, timeout_s: float,
-           on_result: Callable[[object], None] | None = None, names: Mapping[str, str] | None = None) -> list:
+           on_result: Callable[[object], None] | None = None, names: Mapping[str, str] | None = None,
+           collective: bool = False) -> list:
     """The results of `calls` (actor name, pending result), in order.
 
     Results are taken as they arrive (each is passed to `on_result`, e.g. a progress bar), so
@@ -84,6 +88,9 @@ def gather(calls: Sequence[tuple[str, "ray.ObjectRef"]], what: str, timeout_s: f
     Raises `ActorFailedError` naming the actor and `what` it was doing (the dead actor by its id
     in `names`, {actor id: name}, from `actor_names`), `ActorTimeoutError` naming the actors still
     silent after `timeout_s`, or `ClusterLostError` once the cluster's GCS cannot be reached.
+    `collective`: the calls are members of one collective, where a member's death fails the others'
+    calls too (a closed connection) and perhaps first: a call that fails is reported as the death of
+    another member found within `DEATH_GRACE_S`, where one is.
     """
     names = names or {}
     pending = {ref: i for i, (_, ref) in enumerate(calls)}
@@ -114,6 +121,8 @@ def gather(calls: Sequence[tuple[str, "ray.ObjectRef"]], what: str, timeout_s: f
             cause = exc.cause if exc.cause is not None else exc
             if isinstance(cause, RayActorError):
                 raise died(cause, name, what, names) from exc
+            if collective:
+                death_among(calls, pending, what, names)
             raise ActorFailedError(f"{name} failed in {what}: {type(cause).__name__}: {cause}") from exc
         except CLUSTER_LOST_ERRORS as exc:
             raise lost(what, f"{type(exc).__name__}: {reason(exc)}") from exc
@@ -122,3 +131,21 @@ def gather(calls: Sequence[tuple[str, "ray.ObjectRef"]], what: str, timeout_s: f
         if on_result is not None:
             on_result(results[index])
     return results
+
+
+def death_among(calls: Sequence[tuple[str, "ray.ObjectRef"]], pending: dict, what: str,
+                names: Mapping[str, str]) -> None:
+    """Raise the death of the first of the `pending` calls found dead within `DEATH_GRACE_S`; return if none is."""
+    deadline = time.monotonic() + DEATH_GRACE_S
+    while pending and time.monotonic() < deadline:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return
+        index = pending.pop(ready[0])
+        try:
+            ray.get(ready[0])
+        except RayActorError as exc:
+            raise died(exc, calls[index][0], what, names) from exc
+        except RayTaskError as exc:
+            if isinstance(exc.cause, RayActorError):
+                raise died(exc.cause, calls[index][0], what, names) from exc

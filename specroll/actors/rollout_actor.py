@@ -23,6 +23,7 @@ from specroll.eval.evaluation import EvalPlan, ProblemEval, evaluate_problems
 from specroll.fastgrpo.online import OnlineDrafterLearner
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
 from specroll.models.flat_weights import FlatWeights
+from specroll.models.weight_buckets import BucketPlan, unpack_bucket
 from specroll.rollout import GenerationStats, RolloutEngine
 from specroll.run_dir import SeesRunDir
 from specroll.speculation import HorizonHeads
@@ -31,6 +32,7 @@ from specroll.speculation.drafting.heads_state import HeadsState
 from .batch import Rollouts, prompt_key
 from .head_consolidation_actor import DriftRecord
 from .placement import actor_device, use_cpus
+from .sync_group import SyncAddress, SyncGroup
 from .threads import node_cores, phase_threads, use_threads
 
 
@@ -62,6 +64,7 @@ class RolloutActor(SeesRunDir):
         self.engine = RolloutEngine(model, tokenizer, build_decoder(model, cfg.rollout),
                                     sync_every=cfg.rollout.sync_every)
         self.policy_version: int | None = None  # the initial weights are not a learner version yet
+        self.sync: SyncGroup | None = None  # its end of the weight-sync group (weight_sync=collective)
         self.threads = phase_threads(cfg.cluster, node_cores()).rollout  # while generating
         self.last_stats: GenerationStats | None = None  # the last generate call's engine stats
         online = cfg.rollout.fastgrpo.online
@@ -78,6 +81,25 @@ class RolloutActor(SeesRunDir):
     def load_policy(self, version: int, weights: FlatWeights) -> int:
         """Replace all policy weights with the learner's `version`, in place (read from the object store without a copy)."""
         weights.copy_into(self.model)
+        self.policy_version = version
+        return version
+
+    def weight_sync_device(self) -> str:
+        return next(self.model.parameters()).device.type
+
+    def join_weight_sync(self, address: SyncAddress, rank: int, size: int, backend: str, plan: BucketPlan,
+                         timeout_s: float) -> None:
+        """Join the weight-sync group, once the plan is checked against this replica's weights."""
+        plan.check(self.model)
+        self.sync = SyncGroup.join(address, rank, size, backend, plan, timeout_s)
+
+    def receive_policy(self, version: int) -> int:
+        """Replace all policy weights with the learner's `version`, streamed bucket by bucket into
+        place. Until the last bucket and the version check pass it holds no version, so a generate
+        call refuses to run on half a sync (and after a failed one, until the next succeeds)."""
+        self.policy_version = None
+        targets = self.model.state_dict()
+        self.sync.receive(version, lambda bucket, flat: unpack_bucket(bucket, flat, targets))
         self.policy_version = version
         return version
 

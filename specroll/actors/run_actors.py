@@ -16,6 +16,7 @@ import torch
 from specroll.configs import TrainConfig
 from specroll.data import Problem
 from specroll.eval.evaluation import EvalPlan, ProblemEval, batches
+from specroll.learner.collectives import shared_backend
 from specroll.learner.checkpoint import ResumeState
 from specroll.speculation.drafting.suffix_drafts import merged_history
 from specroll.telemetry import metric_names as m
@@ -96,10 +97,29 @@ class RunActors:
             # Every replica built the same initial heads; rollout actor 0's become the versioned reference.
             initial = self.rollout[0].heads_state.remote()
             self.wait([(CONSOLIDATION, self.consolidation.set_heads.remote(initial))], "set_heads (initial heads)")
+        if self.cfg.cluster.weight_sync == "collective":
+            self.join_weight_sync()
 
-    def wait(self, calls: list, what: str, on_result: Callable | None = None) -> list:
+    def sync_members(self) -> list[tuple[str, object]]:
+        """The weight-sync group's members by rank: learner rank 0 (the sender), the rollout actors,
+        and the consolidation actor where the slow path trains against the policy."""
+        members = [(learner_name(0), self.learners[0]), *((rollout_name(i), a) for i, a in enumerate(self.rollout))]
+        return [*members, (CONSOLIDATION, self.consolidation)] if self.slow_path else members
+
+    def join_weight_sync(self) -> None:
+        """Open the weight-sync group on learner rank 0 and have every member join it, on NCCL
+        where all of them hold a GPU, else gloo."""
+        what = "join_weight_sync"
+        members = self.sync_members()
+        devices = self.wait([(name, actor.weight_sync_device.remote()) for name, actor in members], what)
+        (address, plan), = self.wait([(learner_name(0), self.learners[0].open_weight_sync.remote())], what)
+        backend = shared_backend([torch.device(d) for d in devices])
+        self.wait([(name, actor.join_weight_sync.remote(address, rank, len(members), backend, plan, self.timeout_s))
+                   for rank, (name, actor) in enumerate(members)], f"{what} ({backend} at {address.host}:{address.port})")
+
+    def wait(self, calls: list, what: str, on_result: Callable | None = None, collective: bool = False) -> list:
         """`gather` with the run's timeout, naming whichever of the run's actors died."""
-        return gather(calls, what, self.timeout_s, on_result, self.names)
+        return gather(calls, what, self.timeout_s, on_result, self.names, collective)
 
     def check_run_dir(self, run_dir: str, token: str) -> None:
         """Every actor reads the token the driver wrote into `run_dir`: all of them see the same storage."""
@@ -111,14 +131,25 @@ class RunActors:
         gather(calls, f"check_run_dir ({run_dir})", self.timeout_s)
 
     def sync_policy(self) -> int:
-        """Give every rollout actor the learner's current weights unless they hold them already.
-
-        Rank 0 packs the weights in the replicas' dtype into one object (`FlatWeights`) in the object
-        store; every rollout actor reads that same object in place and copies it into its parameters.
-        Returns the policy version the rollout actors now hold.
-        """
+        """Give every rollout actor the learner's current weights unless they hold them already;
+        returns the policy version they now hold. How: `cluster.weight_sync`."""
         if self.rollout_version == self.learner_version:
             return self.rollout_version
+        self.rollout_version = self.stream_policy() if self.cfg.cluster.weight_sync == "collective" else self.put_policy()
+        return self.rollout_version
+
+    def stream_policy(self) -> int:
+        """The learner ranks stream the weights bucket by bucket over the weight-sync group (`sync_group`);
+        a member's failure is reported as the death of a member where one died."""
+        version = self.learner_version
+        calls = [(learner_name(r), learner.send_policy.remote()) for r, learner in enumerate(self.learners)]
+        calls += [(name, actor.receive_policy.remote(version)) for name, actor in self.sync_members()[1:]]
+        self.wait(calls, f"sync_policy (policy version {version})", collective=True)
+        return version
+
+    def put_policy(self) -> int:
+        """Rank 0 packs the weights in the replicas' dtype into one object (`FlatWeights`) in the object
+        store; every rollout actor reads that same object in place and copies it into its parameters."""
         published = [learner.policy_weights.options(num_returns=2).remote() for learner in self.learners]
         versions = self.wait([(learner_name(r), version) for r, (version, _) in enumerate(published)], "policy_weights")
         version, weights = versions[0], published[0][1]
@@ -126,7 +157,6 @@ class RunActors:
         if self.slow_path:
             calls.append((CONSOLIDATION, self.consolidation.load_policy.remote(version, weights)))
         self.wait(calls, f"load_policy (policy version {version})")
-        self.rollout_version = version
         return version
 
     def start_rollouts(self, step: int, problems: list[Problem]) -> PendingRollouts:

@@ -29,6 +29,7 @@ from specroll.speculation import SpeculationConfig
 TINY_PREFIX = "tiny-"
 ROLLOUT_MODES = ("vanilla", "speculation", "fastgrpo")
 RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+WEIGHT_SYNC_PATHS = ("collective", "object_store")  # cluster.weight_sync
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:
@@ -273,6 +274,14 @@ class ClusterSection:
     rollout_resources: dict[str, float] = field(default_factory=dict)
     learner_resources: dict[str, float] = field(default_factory=dict)  # each learner rank's
     consolidation_resources: dict[str, float] = field(default_factory=dict)  # the head-consolidation actor's
+    # How new policy weights reach the rollout (and head-consolidation) actors. collective: learner
+    # rank 0 streams them over a torch.distributed group of its own (NCCL when every member is on a
+    # GPU, else gloo), one bucket at a time; object_store: one whole-model object in Ray's object
+    # store, which every receiver reads (the fallback, e.g. where the actors cannot open ports to each other)
+    weight_sync: str = "collective"
+    # collective: the bytes of one bucket, in MiB (under ZeRO-3 also what each learner rank gathers
+    # at once); a tensor larger than a bucket goes alone
+    weight_sync_bucket_mb: float = 256.0
 
     def __post_init__(self) -> None:
         check_int("num_rollout_actors", self.num_rollout_actors, 1)
@@ -289,3 +298,9 @@ class ClusterSection:
         check_number("remote_timeout_s", self.remote_timeout_s, 0.0, low_inclusive=False)
         for name in ("rollout_resources", "learner_resources", "consolidation_resources"):
             check_resources(name, getattr(self, name))
+        check_choice("weight_sync", self.weight_sync, WEIGHT_SYNC_PATHS)
+        check_number("weight_sync_bucket_mb", self.weight_sync_bucket_mb, 0.0, low_inclusive=False)
+
+    @property
+    def weight_sync_bucket_bytes(self) -> int:
+        return max(1, int(self.weight_sync_bucket_mb * 2**20))

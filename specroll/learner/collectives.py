@@ -13,6 +13,7 @@ right per cluster); and a misplaced tensor would pass through it slowly instead 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,31 @@ def device_for(backend: str, cuda_index: int) -> torch.device:
     if backend == "nccl":
         return torch.device("cuda", cuda_index)
     raise ValueError(f"the learner's collectives run on a gloo or nccl process group, found {backend!r}")
+
+
+def shared_backend(devices: list[torch.device]) -> str:
+    """The backend of a group whose members hold tensors on `devices`: NCCL only where every one is a GPU."""
+    return "nccl" if all(device.type == "cuda" for device in devices) else "gloo"
+
+
+def group_of_its_own(store: dist.Store, rank: int, size: int, backend: str, host: str,
+                     timeout_s: float) -> dist.ProcessGroup:
+    """A process group beside the process-wide one (which it neither needs nor touches), on `store`.
+
+    Every collective over it fails after `timeout_s` rather than wait forever on a dead member.
+    Gloo listens on `host`, this process's node address, not whatever its host name resolves to.
+    """
+    timeout = timedelta(seconds=timeout_s)
+    if backend == "gloo":
+        options = dist.ProcessGroupGloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        options._timeout = timeout
+        return dist.ProcessGroupGloo(store, rank, size, options)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    raise ValueError(f"a group of its own is gloo or nccl, found {backend!r}")
 
 
 def collective_device() -> torch.device:

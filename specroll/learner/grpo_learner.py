@@ -328,14 +328,20 @@ class GRPOLearner:
         return metrics
 
     @contextlib.contextmanager
-    def gathered_state(self) -> Iterator[dict[str, torch.Tensor]]:
-        """The policy's full state dict on this rank's device, in our parameter names, while the
-        context lasts (ZeRO-3 gathers the partitioned weights collectively: every rank enters)."""
+    def gathered_state(self, names: list[str] | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """The policy's state dict on this rank's device, in our parameter names, while the context
+        lasts: whole for `names` (all when None). ZeRO-3 gathers those partitioned weights
+        collectively (every rank enters, with the same `names`); the others stay empty there."""
         import deepspeed
 
         module = self.engine.module
+        if names is None:
+            params = list(module.parameters())
+        else:
+            state = module.state_dict(keep_vars=True)
+            params = [state[name] for name in names if isinstance(state[name], torch.nn.Parameter)]
         gathered = (
-            deepspeed.zero.GatheredParameters(list(module.parameters()))
+            deepspeed.zero.GatheredParameters(params)
             if self.cfg.zero_stage == 3
             else contextlib.nullcontext()
         )

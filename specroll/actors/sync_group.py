@@ -1,0 +1,97 @@
+"""The weight-sync group: learner rank 0 streams the policy to the rollout (and head-consolidation)
+actors over a torch.distributed group of their own, one bucket at a time (`cluster.weight_sync=collective`).
+
+Ranks: learner rank 0 is 0, rollout actor i is 1 + i, the head-consolidation actor (slow path) the
+last. Rank 0 listens on its node's address (`rendezvous`); the driver hands that address, the
+`BucketPlan` and the backend (`shared_backend` of the members' devices) to every member, which joins
+once, at start. A sync: the learner ranks gather one bucket's parameters at a time (ZeRO-3), rank 0
+packs the bucket and broadcasts it, each receiver copies it into its weights; a last message carries
+the policy version and the bytes sent, which each receiver checks against the version the driver
+named before it counts as holding that version. A dead member fails the others' collectives within
+the group's timeout instead of hanging them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import NamedTuple
+
+import ray
+import torch
+import torch.distributed as dist
+
+from specroll.learner.collectives import device_for, group_of_its_own
+from specroll.models.weight_buckets import Bucket, BucketPlan, pack_bucket
+
+Gathered = Callable[[Bucket], AbstractContextManager[Mapping[str, torch.Tensor]]]
+
+
+class SyncAddress(NamedTuple):
+    """Where learner rank 0 listens for the weight-sync group."""
+
+    host: str  # its node's address
+    port: int  # the port its store listens on
+
+
+def node_address() -> str:
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+
+def rendezvous(timeout_s: float) -> tuple[dist.TCPStore, SyncAddress]:
+    """Rank 0's store, on a port the system picks as it binds (none another process can take first),
+    and the address the other members reach it at."""
+    host = node_address()
+    store = dist.TCPStore(host, 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
+    return store, SyncAddress(host, store.port)
+
+
+@dataclass
+class SyncGroup:
+    """One member's end of the group, with its one bucket of buffer."""
+
+    group: dist.ProcessGroup
+    rank: int
+    plan: BucketPlan
+    buffer: torch.Tensor  # uint8 [plan.largest] on the group's device: the CPU under gloo, this GPU under NCCL
+
+    @classmethod
+    def join(cls, address: SyncAddress, rank: int, size: int, backend: str, plan: BucketPlan, timeout_s: float,
+             store: dist.Store | None = None) -> "SyncGroup":
+        """Join as `rank` of `size` (blocks until all have joined); rank 0 passes `rendezvous`'s store."""
+        if store is None:
+            store = dist.TCPStore(address.host, address.port, size, False, timedelta(seconds=timeout_s))
+        group = group_of_its_own(store, rank, size, backend, node_address(), timeout_s)
+        device = device_for(backend, torch.cuda.current_device() if backend == "nccl" else 0)
+        return cls(group, rank, plan, torch.empty(plan.largest, dtype=torch.uint8, device=device))
+
+    def send(self, version: int, gathered: Gathered) -> int:
+        """Rank 0: every bucket, `gathered(bucket)` giving its tensors by name, then the closing
+        message; returns the bytes broadcast."""
+        for bucket in self.plan.buckets:
+            with gathered(bucket) as tensors:
+                flat = pack_bucket(bucket, tensors, self.buffer)
+            self.broadcast(flat)
+        self.broadcast(self.closing(version, self.plan.nbytes))
+        return self.plan.nbytes
+
+    def receive(self, version: int, on_bucket: Callable[[Bucket, torch.Tensor], None]) -> None:
+        """Every bucket, handed to `on_bucket` with its bytes (reused for the next), then the closing
+        message: raises ValueError unless it names `version` and the bytes the plan has."""
+        for bucket in self.plan.buckets:
+            flat = self.buffer[: bucket.nbytes]
+            self.broadcast(flat)
+            on_bucket(bucket, flat)
+        closing = self.closing(-1, -1)
+        self.broadcast(closing)
+        sent_version, sent_bytes = closing.tolist()
+        if (sent_version, sent_bytes) != (version, self.plan.nbytes):
+            raise ValueError(f"weight sync sent policy version {sent_version} ({sent_bytes} bytes) where version "
+                             f"{version} ({self.plan.nbytes} bytes) was expected")
+
+    def closing(self, version: int, nbytes: int) -> torch.Tensor:
+        return torch.tensor([version, nbytes], dtype=torch.int64, device=self.buffer.device)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self.group.broadcast([tensor]).wait()
