@@ -1,5 +1,5 @@
-"""Weight sync on a real local Ray cluster with a tiny model: after a sync the rollout replica holds
-exactly the learner's weights in its own dtype, and generates with them."""
+"""Weight sync on a real local Ray cluster with a tiny model, by either path (`cluster.weight_sync`):
+after a sync the rollout replica holds exactly the learner's weights in its own dtype, and generates with them."""
 from pathlib import Path
 
 import pytest
@@ -25,10 +25,12 @@ def in_actor(actor, fn):
     return ray.get(actor.__ray_call__.remote(fn), timeout=120)
 
 
+@pytest.mark.parametrize("path", ["collective", "object_store"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_after_a_sync_the_replica_generates_with_exactly_the_learners_weights(ray_cluster, dtype):
+def test_after_a_sync_the_replica_generates_with_exactly_the_learners_weights(ray_cluster, dtype, path):
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = load_train_config(compose("config", overrides=[*OVERRIDES, f"model.dtype={dtype}"]))
+        cfg = load_train_config(compose("config", overrides=[*OVERRIDES, f"model.dtype={dtype}",
+                                                             f"cluster.weight_sync={path}"]))
     problems = load_problems("synthetic", synthetic=cfg.data.synthetic)
     actors = RunActors.start(cfg)
     try:

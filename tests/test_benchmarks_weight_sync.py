@@ -1,4 +1,4 @@
-"""The weight-sync benchmark end to end on a tiny model: every stage and actor figure is reported."""
+"""The weight-sync benchmark end to end on a tiny model: every stage and actor figure is reported, and both paths."""
 import json
 import math
 
@@ -20,3 +20,9 @@ def test_a_tiny_run_reports_every_stage_and_the_sync_between_actors(tmp_path, mo
     assert all(math.isfinite(s) and s >= 0 for s in figures)
     assert result["stages_total_s"] == sum(result["stages_s"].values())
     assert result["actors_s"]["sync_policy"] > 0
+    payload = 3_164_320 * 2  # bfloat16
+    paths = result["paths"]
+    assert list(paths) == ["object_store", "collective"]
+    assert paths["object_store"]["moved_bytes"] >= payload  # one object, aligned tensors
+    assert paths["collective"]["moved_bytes"] >= payload  # learner rank 0's socket writes to its one replica
+    assert all(f["sync_policy_s"] > 0 and set(f["peak_rss_bytes"]) == {"learner", "rollout"} for f in paths.values())

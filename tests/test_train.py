@@ -65,7 +65,7 @@ def test_a_killed_rollout_actor_is_named_and_resume_auto_continues_then_a_rollba
         if step == 1:
             ray.kill(actors.rollout[1])
 
-    with pytest.raises(ActorFailedError, match="rollout actor 1 died during load_policy") as failure:
+    with pytest.raises(ActorFailedError, match="rollout actor 1 died during sync_policy") as failure:
         run_training(cfg, on_step_end=kill_rollout_actor_1)
     assert "step_00000002; run again with resume=auto" in str(failure.value)
 

@@ -40,13 +40,13 @@ CONSOLIDATION = "head-consolidation actor"
 # (who, phase it is killed at, what the failure says): every phase each kind takes part in.
 MATRIX = [
     ("rollout actor 0", GENERATE, "rollout actor 0 died during generate"),
-    ("rollout actor 0", WEIGHT_SYNC, "rollout actor 0 died during load_policy"),
-    ("rollout actor 0", HEAD_UPDATE, "rollout actor 0 died during load_policy"),  # found at the next sync
-    ("learner rank 0", WEIGHT_SYNC, "learner rank 0 died during policy_weights"),
+    ("rollout actor 0", WEIGHT_SYNC, "rollout actor 0 died during sync_policy"),
+    ("rollout actor 0", HEAD_UPDATE, "rollout actor 0 died during sync_policy"),  # found at the next sync
+    ("learner rank 0", WEIGHT_SYNC, "learner rank 0 died during sync_policy"),
     ("learner rank 0", TRAIN, "learner rank 0 died during train"),
     ("learner rank 0", SAVE, "learner rank 0 died during save_checkpoint"),
     (CONSOLIDATION, GENERATE, f"{CONSOLIDATION} died during consolidate"),  # it takes drift records unawaited
-    (CONSOLIDATION, WEIGHT_SYNC, f"{CONSOLIDATION} died during load_policy"),
+    (CONSOLIDATION, WEIGHT_SYNC, f"{CONSOLIDATION} died during sync_policy"),
     (CONSOLIDATION, HEAD_UPDATE, f"{CONSOLIDATION} died during consolidate"),
     (CONSOLIDATION, SAVE, f"{CONSOLIDATION} died during save_checkpoint"),  # not the learner whose save waited
     ("driver", SAVE, None),  # after the step's metrics line, before its checkpoint: the next launch redoes the step
