@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 
 from specroll.actors import RunActors
 from specroll.actors.remote_calls import ActorFailedError
+from specroll.actors.sync_group import MemberDevice, group_backend
 from specroll.configs import load_train_config
 from specroll.data import load_problems
 from specroll.models.weight_buckets import BucketPlan
@@ -119,12 +120,14 @@ def test_a_version_that_fails_the_check_leaves_the_replica_without_one_until_a_s
     assert [v.policy for v in actors.rollout_call("versions")] == [held, held]
 
 
-def test_the_plan_is_checked_against_the_replica_before_any_weight_is_written():
-    from specroll.models import build_tiny_model
-
-    plan = BucketPlan.of(build_tiny_model("llama", seed=0), torch.float32, 2**20)
-    with pytest.raises(ValueError, match="missing .*unexpected"):
-        plan.check(build_tiny_model("qwen2", seed=0))
+@pytest.mark.parametrize("devices, backend", [
+    ([MemberDevice("cuda", "n1/0"), MemberDevice("cuda", "n1/1"), MemberDevice("cuda", "n2/0")], "nccl"),
+    ([MemberDevice("cuda", "n1/0"), MemberDevice("cuda", "n1/1"), MemberDevice("cuda", "n1/1")], "gloo"),  # a shared GPU
+    ([MemberDevice("cuda", "n1/0"), MemberDevice("cpu", None)], "gloo"),
+    ([MemberDevice("cpu", None), MemberDevice("cpu", None)], "gloo"),
+])
+def test_nccl_only_where_every_member_holds_a_gpu_of_its_own(devices, backend):
+    assert group_backend(devices) == backend
 
 
 def io_bytes(pid: int, field: str) -> int:

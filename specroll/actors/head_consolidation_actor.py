@@ -34,7 +34,7 @@ from specroll.telemetry import metric_names as m
 
 from .placement import actor_device
 from .remote_calls import gather
-from .sync_group import SyncAddress, SyncGroup
+from .sync_group import MemberDevice, SyncAddress, SyncGroup, member_device
 
 HISTORY_SIZE = 4096  # drift records kept; ~100 bytes each
 
@@ -210,8 +210,8 @@ class HeadConsolidationActor(SeesRunDir):
         self.policy = (version, lm_head, embed)
         return version
 
-    def weight_sync_device(self) -> str:
-        return torch.device(actor_device("auto")).type
+    def weight_sync_device(self) -> MemberDevice:
+        return member_device(torch.device(actor_device("auto")))
 
     def join_weight_sync(self, address: SyncAddress, rank: int, size: int, backend: str, plan: BucketPlan,
                          timeout_s: float) -> None:

@@ -27,7 +27,7 @@ from specroll.speculation.drafting.heads_state import HeadsState
 
 from .batch import Rollouts
 from .placement import actor_device, use_cpus
-from .sync_group import SyncAddress, SyncGroup, rendezvous
+from .sync_group import MemberDevice, SyncAddress, SyncGroup, member_device, rendezvous
 from .threads import node_cores, phase_threads, use_threads
 
 
@@ -129,8 +129,8 @@ class LearnerActor(SeesRunDir):
         self.sync_store, address = rendezvous(self.cfg.cluster.remote_timeout_s)
         return address, self.sync_plan()
 
-    def weight_sync_device(self) -> str:
-        return self.learner.device.type
+    def weight_sync_device(self) -> MemberDevice:
+        return member_device(torch.device(self.learner.device))
 
     def join_weight_sync(self, address: SyncAddress, rank: int, size: int, backend: str, plan: BucketPlan,
                          timeout_s: float) -> None:

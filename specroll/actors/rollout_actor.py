@@ -32,7 +32,7 @@ from specroll.speculation.drafting.heads_state import HeadsState
 from .batch import Rollouts, prompt_key
 from .head_consolidation_actor import DriftRecord
 from .placement import actor_device, use_cpus
-from .sync_group import SyncAddress, SyncGroup
+from .sync_group import MemberDevice, SyncAddress, SyncGroup, member_device
 from .threads import node_cores, phase_threads, use_threads
 
 
@@ -84,8 +84,8 @@ class RolloutActor(SeesRunDir):
         self.policy_version = version
         return version
 
-    def weight_sync_device(self) -> str:
-        return next(self.model.parameters()).device.type
+    def weight_sync_device(self) -> MemberDevice:
+        return member_device(next(self.model.parameters()).device)
 
     def join_weight_sync(self, address: SyncAddress, rank: int, size: int, backend: str, plan: BucketPlan,
                          timeout_s: float) -> None:

@@ -16,7 +16,6 @@ import torch
 from specroll.configs import TrainConfig
 from specroll.data import Problem
 from specroll.eval.evaluation import EvalPlan, ProblemEval, batches
-from specroll.learner.collectives import shared_backend
 from specroll.learner.checkpoint import ResumeState
 from specroll.speculation.drafting.suffix_drafts import merged_history
 from specroll.telemetry import metric_names as m
@@ -27,6 +26,7 @@ from .learner_actor import LearnerActor, LearnerUpdate
 from .placement import as_remote
 from .remote_calls import actor_names, gather
 from .rollout_actor import RolloutActor
+from .sync_group import group_backend
 
 CONSOLIDATION = "head-consolidation actor"
 
@@ -108,12 +108,12 @@ class RunActors:
 
     def join_weight_sync(self) -> None:
         """Open the weight-sync group on learner rank 0 and have every member join it, on NCCL
-        where all of them hold a GPU, else gloo."""
+        where each holds a GPU of its own, else gloo."""
         what = "join_weight_sync"
         members = self.sync_members()
         devices = self.wait([(name, actor.weight_sync_device.remote()) for name, actor in members], what)
         (address, plan), = self.wait([(learner_name(0), self.learners[0].open_weight_sync.remote())], what)
-        backend = shared_backend([torch.device(d) for d in devices])
+        backend = group_backend(devices)
         self.wait([(name, actor.join_weight_sync.remote(address, rank, len(members), backend, plan, self.timeout_s))
                    for rank, (name, actor) in enumerate(members)], f"{what} ({backend} at {address.host}:{address.port})")
 

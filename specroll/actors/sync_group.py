@@ -3,7 +3,7 @@ actors over a torch.distributed group of their own, one bucket at a time (`clust
 
 Ranks: learner rank 0 is 0, rollout actor i is 1 + i, the head-consolidation actor (slow path) the
 last. Rank 0 listens on its node's address (`rendezvous`); the driver hands that address, the
-`BucketPlan` and the backend (`shared_backend` of the members' devices) to every member, which joins
+`BucketPlan` and the backend (`group_backend` of the members' devices) to every member, which joins
 once, at start. A sync: the learner ranks gather one bucket's parameters at a time (ZeRO-3), rank 0
 packs the bucket and broadcasts it, each receiver copies it into its weights; a last message carries
 the policy version and the bytes sent, which each receiver checks against the version the driver
@@ -33,6 +33,28 @@ class SyncAddress(NamedTuple):
 
     host: str  # its node's address
     port: int  # the port its store listens on
+
+
+class MemberDevice(NamedTuple):
+    """Where a member's weights live, as the choice of backend needs it."""
+
+    type: str  # "cpu" or "cuda"
+    gpu: str | None  # the GPU it holds, "<node id>/<Ray's GPU ids>" (actors sharing a GPU name the same); None on a CPU
+
+
+def member_device(device: torch.device) -> MemberDevice:
+    if device.type != "cuda":
+        return MemberDevice(device.type, None)
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+    gpus = ray.get_gpu_ids() if ray.is_initialized() else [device.index]
+    return MemberDevice("cuda", f"{node}/{','.join(map(str, gpus))}")
+
+
+def group_backend(devices: list[MemberDevice]) -> str:
+    """NCCL where every member holds a GPU of its own (NCCL refuses two ranks on one GPU, as a
+    consolidation actor sharing a rollout actor's GPU would be), else gloo, through host memory."""
+    gpus = [device.gpu for device in devices]
+    return "nccl" if all(gpus) and len(set(gpus)) == len(gpus) else "gloo"
 
 
 def node_address() -> str:

@@ -33,11 +33,6 @@ def device_for(backend: str, cuda_index: int) -> torch.device:
     raise ValueError(f"the learner's collectives run on a gloo or nccl process group, found {backend!r}")
 
 
-def shared_backend(devices: list[torch.device]) -> str:
-    """The backend of a group whose members hold tensors on `devices`: NCCL only where every one is a GPU."""
-    return "nccl" if all(device.type == "cuda" for device in devices) else "gloo"
-
-
 def group_of_its_own(store: dist.Store, rank: int, size: int, backend: str, host: str,
                      timeout_s: float) -> dist.ProcessGroup:
     """A process group beside the process-wide one (which it neither needs nor touches), on `store`.
