@@ -15,7 +15,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from specroll.actors import RunActors
-from specroll.actors.remote_calls import ActorFailedError
+from specroll.actors.remote_calls import ActorFailedError, actor_names, gather
 from specroll.actors.sync_group import MemberDevice, group_backend
 from specroll.configs import load_train_config
 from specroll.data import load_problems
@@ -128,6 +128,26 @@ def test_a_version_that_fails_the_check_leaves_the_replica_without_one_until_a_s
 ])
 def test_nccl_only_where_every_member_holds_a_gpu_of_its_own(devices, backend):
     assert group_backend(devices) == backend
+
+
+def test_a_members_failure_in_a_collective_is_reported_as_the_death_that_caused_it(ray_cluster):
+    class Member:  # defined here, so that Ray ships it by value: workers cannot import this module
+        """A stand-in member of a collective: one whose collective fails, one still in it."""
+
+        def fail_after(self, seconds: float) -> None:
+            time.sleep(seconds)
+            raise RuntimeError("Connection closed by peer")
+
+        def wait(self, seconds: float) -> None:
+            time.sleep(seconds)
+
+    survivor, victim = (ray.remote(num_cpus=0)(Member).remote() for _ in range(2))
+    ray.get([survivor.__ray_ready__.remote(), victim.__ray_ready__.remote()], timeout=120)
+    names = actor_names({"learner rank 0": survivor, "rollout actor 0": victim})
+    calls = [("learner rank 0", survivor.fail_after.remote(0.5)), ("rollout actor 0", victim.wait.remote(120))]
+    threading.Timer(2.0, ray.kill, [victim]).start()  # Ray learns of the death after the survivor's error
+    with pytest.raises(ActorFailedError, match=r"^rollout actor 0 died during sync_policy"):
+        gather(calls, "sync_policy", 120, names=names, collective=True)
 
 
 def io_bytes(pid: int, field: str) -> int:
