@@ -105,3 +105,12 @@ def barrier() -> None:
         dist.barrier(device_ids=[device.index])
     else:
         dist.barrier()
+
+
+def objects_from_ranks(obj) -> list:
+    """Every rank's picklable `obj`, indexed by rank (one item on one rank)."""
+    if world_size() == 1:
+        return [obj]
+    gathered = [None] * world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
