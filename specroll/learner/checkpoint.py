@@ -50,6 +50,7 @@ from specroll.storage import (
     is_out_of_space,
     load_state,
     publish_directory,
+    unsafe_types,
     write_durably,
 )
 
@@ -62,7 +63,7 @@ from .lineage import (
     rotate_checkpoints,
     set_aside_from,
 )
-from .deepspeed_files import SafeCheckpointEngine
+from .deepspeed_files import DEEPSPEED_STATE_TYPES, SafeCheckpointEngine
 
 STATE_FILE = "state.json"
 POLICY_FILE = "policy.safetensors"
@@ -223,8 +224,9 @@ def verify_checkpoint(path: str | Path) -> CompletionMarker:
     """Check that `path` is a complete checkpoint whose files are as its marker recorded.
 
     Raises `ValueError` when it is no complete checkpoint, `CheckpointDamagedError` naming the
-    first file missing, of another size, or with another hash. A marker from before file
-    records cannot be checked: it is accepted with a warning.
+    first file missing, of another size, or with another hash, `UnsafeCheckpointError` naming a
+    file that needs a type our saves never hold to load. A marker from before file records
+    cannot be checked: it is accepted with a warning.
     """
     path = Path(path)
     if not (path / COMPLETE_MARKER).is_file():
@@ -232,6 +234,7 @@ def verify_checkpoint(path: str | Path) -> CompletionMarker:
         raise ValueError(f"checkpoint {path} {what}")
     marker = CompletionMarker.read(path)
     if marker.files is None:
+        refuse_unsafe_files(path)
         warnings.warn(f"checkpoint {path} predates file hashes in its {COMPLETE_MARKER} marker; "
                       "using it unverified", stacklevel=2)
         return marker
@@ -247,7 +250,19 @@ def verify_checkpoint(path: str | Path) -> CompletionMarker:
     for name, digest in zip(names, file_hashes([path / name for name in names])):
         if digest != marker.files[name].sha256:
             raise CheckpointDamagedError(path, name, f"has another {HASH_NAME} than was saved (same size)")
+    refuse_unsafe_files(path)
     return marker
+
+
+def refuse_unsafe_files(path: Path) -> None:
+    """Raise `UnsafeCheckpointError` for the first `.pt` under `path` that names a type our saves never
+    hold: found from the pickles' opcodes, before any process loads them (the loaders refuse them too)."""
+    for file in sorted(path.rglob("*.pt")):
+        # RNG files from before `RngState` hold numpy arrays: never unpickled, they are skipped on load.
+        legacy_rng = file.name.startswith("rng_rank")
+        unsafe = [t for t in unsafe_types(file, DEEPSPEED_STATE_TYPES) if not (legacy_rng and t.startswith("numpy."))]
+        if unsafe:
+            raise UnsafeCheckpointError(file, unsafe)
 
 
 def resolved_config(learner, run_config: dict[str, Any] | None) -> dict[str, Any]:

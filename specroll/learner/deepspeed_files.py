@@ -7,6 +7,7 @@ rank wrote, so that each rank hashes its own.
 """
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -14,13 +15,21 @@ from typing import Any, Iterator
 from specroll.storage import load_state
 
 
-def deepspeed_state_types() -> list[type]:
-    """What DeepSpeed's ZeRO 1-3 optimizer states pickle besides tensors and containers (DeepSpeed 0.19)."""
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
+# What DeepSpeed's ZeRO 1-3 optimizer states pickle besides tensors and containers (DeepSpeed 0.19).
+DEEPSPEED_STATE_TYPES = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
 
-    return [LossScaler, ZeroStageEnum, fragment_address]
+
+def deepspeed_state_types() -> list[type]:
+    """`DEEPSPEED_STATE_TYPES` imported (only a learner rank, which runs DeepSpeed, needs them)."""
+    types = []
+    for name in DEEPSPEED_STATE_TYPES:
+        module, _, attribute = name.rpartition(".")
+        types.append(getattr(importlib.import_module(module), attribute))
+    return types
 
 
 class SafeCheckpointEngine:

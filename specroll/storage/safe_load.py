@@ -10,6 +10,7 @@ refused, naming the file and the type.
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ class UnsafeCheckpointError(ValueError):
 def load_state(path: str | Path, allowed: list[type] | None = None) -> Any:
     """`torch.load` of `path` onto the CPU, tensors and containers only, plus the `allowed` types.
 
-    Raises `UnsafeCheckpointError` naming every other type the file names.
+    Raises `UnsafeCheckpointError` naming the types the file needs beyond those.
     """
     path = Path(path)
     allowed = allowed or []
@@ -43,6 +44,20 @@ def load_state(path: str | Path, allowed: list[type] | None = None) -> Any:
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        names = {f"{t.__module__}.{t.__qualname__}" for t in allowed}
-        unsafe = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path) if g not in names]
-        raise UnsafeCheckpointError(path, unsafe or [str(exc).splitlines()[0]]) from None
+        named = re.findall(r"GLOBAL ([\w.]+)", str(exc))
+        raise UnsafeCheckpointError(path, named or unsafe_types(path, [type_name(t) for t in allowed])) from None
+
+
+def type_name(t: type) -> str:
+    """`t` as a pickle names it (module and qualified name)."""
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def unsafe_types(path: str | Path, allowed: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """What `path` names beyond tensors, containers and the `allowed` type names: read from the
+    pickle's opcodes, nothing run."""
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (ValueError, RuntimeError):
+        return ["an unreadable or pre-2020 torch.save format, which SpecRoll never writes"]
+    return [name for name in names if name not in allowed]
