@@ -369,22 +369,16 @@ def out_of_space(final: Path, tmp: Path) -> OutOfSpaceError:
     """The full disk that stopped the save of `final`, named with the bytes it needed."""
     previous = [p for _, p in complete_checkpoints(final.parent) if p != final]
     if previous:
-        need = f"about {checkpoint_bytes(previous[-1])} bytes (the size of {previous[-1].name})"
+        need = f"about {bytes_under(previous[-1])} bytes (the size of {previous[-1].name})"
         kept = f"{previous[-1]} stays the newest checkpoint (resume=auto continues from it)"
     else:
         need = f"more than the {bytes_under(tmp)} bytes it wrote before the disk filled"
         kept = "no earlier checkpoint exists"
     return OutOfSpaceError(
         f"no space left on device to save checkpoint {final} (writing {tmp}): it needs {need} and "
-        f"{free_bytes(tmp)} bytes are free there; its partial files are removed and {kept}; free space "
+        f"{free_bytes(tmp)} bytes were free when it stopped; its partial files are removed and {kept}; free space "
         "or move run_dir to a larger disk, then resume"
     )
-
-
-def checkpoint_bytes(path: Path) -> int:
-    """The size of complete checkpoint `path`, from its marker where it records one."""
-    files = CompletionMarker.read(path).files
-    return sum(r.size for r in files.values()) if files else bytes_under(path)
 
 
 def distinct_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
