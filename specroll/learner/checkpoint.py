@@ -17,10 +17,11 @@ file and `latest_intact_checkpoint` falls back past it. Each rank hashes the fil
 (still in its page cache) and rank 0 gathers the records, so no rank waits in a collective
 while one reads the whole checkpoint. Markers written before the hashes
 (a bare step number) are accepted unverified, with a warning, so older runs still resume.
-Nothing is unpickled (`storage/safe_load.py`, `deepspeed_files.py`): DeepSpeed's files too are read with `weights_only=True`,
-onto the CPU (a GPU rank's files name its device, absent on a CPU-only node).
+Nothing is unpickled (`storage/safe_load.py`, `deepspeed_files.py`): DeepSpeed's files too are
+read with `weights_only=True`, onto the CPU (a GPU rank's files name its device, absent on a
+CPU-only node), and verification refuses a `.pt` naming a type our saves never hold.
 A save that fails on any rank (a full disk: named with the path and the bytes it needed)
-removes its `.tmp` on every rank's word, so the previous checkpoint stays the newest.
+removes its `.tmp` (every rank learns of it), so the previous checkpoint stays the newest.
 """
 from __future__ import annotations
 
@@ -340,7 +341,8 @@ class SaveFailed:
         """`outcome` as it is sent to the other ranks: an error as its message (not every error pickles)."""
         if not isinstance(outcome, Exception):
             return outcome
-        return cls(rank(), str(outcome) if isinstance(outcome, OutOfSpaceError) else f"{type(outcome).__name__}: {outcome}")
+        named = isinstance(outcome, OutOfSpaceError)  # its message says it all
+        return cls(rank(), str(outcome) if named else f"{type(outcome).__name__}: {outcome}")
 
 
 def attempt(work, final: Path, tmp: Path):
