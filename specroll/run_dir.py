@@ -13,7 +13,6 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from specroll.learner.lineage import complete_checkpoints
 from specroll.storage import bytes_under, free_bytes, write_atomically
 
 CHECKPOINTS = "checkpoints"  # under run_dir
@@ -59,7 +58,11 @@ def run_dir_problems(run_dir: Path, checkpoints: Path) -> list[str]:
 def space_problem(checkpoints: Path) -> str | None:
     """Why the next checkpoint cannot fit beside the newest (as large as it) in `checkpoints`; None when it can
     or when no checkpoint tells its size."""
-    complete = complete_checkpoints(checkpoints) if checkpoints.is_dir() else []
+    if not checkpoints.is_dir():
+        return None
+    from specroll.learner.lineage import complete_checkpoints  # the learner package loads torch: only for a resume
+
+    complete = complete_checkpoints(checkpoints)
     if not complete:
         return None
     newest = complete[-1][1]

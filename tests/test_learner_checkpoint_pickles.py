@@ -19,7 +19,7 @@ from specroll.learner.deepspeed_files import deepspeed_state_types
 from specroll.learner.lineage import COMPLETE_MARKER
 from specroll.speculation.drafting.heads import HeadsMeta
 from specroll.speculation.drafting.heads_state import HeadsState
-from specroll.storage import UnsafeCheckpointError, load_state
+from specroll.storage.safe_load import UnsafeCheckpointError, load_state
 from specroll.tools.export import main as export_main
 from test_learner_checkpoint import make_learner, random_samples
 

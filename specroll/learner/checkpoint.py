@@ -44,16 +44,14 @@ from specroll.models import ModelConfig, to_hf_state_dict
 from specroll.speculation.drafting.heads_state import HeadsState
 from specroll.storage import (
     OutOfSpaceError,
-    UnsafeCheckpointError,
     bytes_under,
     free_bytes,
     fsync_tree,
     is_out_of_space,
-    load_state,
     publish_directory,
-    unsafe_types,
     write_durably,
 )
+from specroll.storage.safe_load import UnsafeCheckpointError, load_state, unsafe_types
 
 from .collectives import barrier, objects_from_ranks, rank, world_size
 from .lineage import (

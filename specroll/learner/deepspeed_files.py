@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from specroll.storage import load_state
+from specroll.storage.safe_load import load_state
 
 
 # What DeepSpeed's ZeRO 1-3 optimizer states pickle besides tensors and containers (DeepSpeed 0.19).

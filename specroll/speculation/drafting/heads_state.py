@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from specroll.storage import load_state
+from specroll.storage.safe_load import load_state
 
 from .heads import HeadsMeta
 
