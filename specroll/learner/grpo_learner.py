@@ -81,7 +81,7 @@ def build_engine(model: CausalLM, cfg: LearnerConfig):
     `lr_multiplier` schedule of `cfg`, after joining the process group (`ensure_distributed`)."""
     import deepspeed
 
-    ensure_distributed(resolve_device(cfg.device))
+    ensure_distributed(resolve_device(cfg.device), cfg.collective_timeout_s)
     model.use_activation_checkpointing(cfg.activation_checkpointing)
     engine, *_ = deepspeed.initialize(
         model=model.to(dtype=training_dtype(cfg)),
