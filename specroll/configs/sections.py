@@ -56,6 +56,18 @@ def check_resources(name: str, resources: dict) -> None:
         check_number(f"{name}.{key}", amount, 0.0, low_inclusive=False)
 
 
+def check_port_range(name: str, value: Any) -> None:
+    """[low, high]: unprivileged ports, low <= high."""
+    ports = list(value) if isinstance(value, (list, tuple)) else None
+    if ports is None or len(ports) != 2:
+        raise ValueError(f"{name} must be [low, high], got {value!r}")
+    for port in ports:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
+            raise ValueError(f"{name} must hold ports in [1024, 65535], got {value!r}")
+    if ports[0] > ports[1]:
+        raise ValueError(f"{name} must be [low, high] with low <= high, got {value!r}")
+
+
 def check_device(name: str, value: str) -> None:
     if value != "auto" and value.split(":")[0] not in ("cpu", "cuda"):
         raise ValueError(f"{name} must be 'auto', 'cpu' or 'cuda[:i]', got {value!r}")
@@ -273,6 +285,9 @@ class ClusterSection:
     rollout_resources: dict[str, float] = field(default_factory=dict)
     learner_resources: dict[str, float] = field(default_factory=dict)  # each learner rank's
     consolidation_resources: dict[str, float] = field(default_factory=dict)  # the head-consolidation actor's
+    # Ports [low, high] that learner rank 0 (and any group it leads) may listen on, at its node's
+    # address: open them between the nodes; each group takes one that is free there
+    master_port_range: list[int] = field(default_factory=lambda: [29500, 29599])
 
     def __post_init__(self) -> None:
         check_int("num_rollout_actors", self.num_rollout_actors, 1)
@@ -289,3 +304,4 @@ class ClusterSection:
         check_number("remote_timeout_s", self.remote_timeout_s, 0.0, low_inclusive=False)
         for name in ("rollout_resources", "learner_resources", "consolidation_resources"):
             check_resources(name, getattr(self, name))
+        check_port_range("master_port_range", self.master_port_range)
