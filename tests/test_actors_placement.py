@@ -104,6 +104,7 @@ def test_the_learner_ranks_share_a_node_and_the_rollout_actors_spread(tmp_path):
         cfg = config(tmp_path, ["cluster.learner_world_size=2", "cluster.gpus_per_learner=1",
                                 "cluster.num_rollout_actors=2", "cluster.gpus_per_rollout_actor=1",
                                 "cluster.cpus_per_rollout_actor=1", "cluster.cpus_per_learner=1"])
+        cfg.model.stage(cfg.model_cache)
         actors = RunActors.start(cfg)
         try:
             learners = [node_of(a) for a in actors.learners]

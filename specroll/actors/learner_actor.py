@@ -23,7 +23,7 @@ from specroll.run_dir import SeesRunDir
 from specroll.speculation.drafting.heads_state import HeadsState
 
 from .batch import Rollouts
-from .placement import actor_device, use_cpus
+from .placement import actor_device, model_cache, use_cpus
 from .rendezvous import MasterAddress, rendezvous_point
 from .threads import node_cores, phase_threads, use_threads
 
@@ -72,7 +72,7 @@ class LearnerActor(SeesRunDir):
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         device = actor_device(self.cfg.learner.device)
         # Loaded on the CPU in float32: DeepSpeed moves it and casts to learner.dtype.
-        model, _ = replace(self.cfg.model, device="cpu", dtype="float32").load(seed=self.cfg.seed)
+        model, _ = replace(self.cfg.model, device="cpu", dtype="float32").load(self.cfg.seed, model_cache(self.cfg))
         self.learner = GRPOLearner(model, replace(self.cfg.learner, device=device))
         return self.learner.version
 

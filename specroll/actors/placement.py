@@ -12,6 +12,7 @@ by its resources alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import NamedTuple
 
 import ray
@@ -19,7 +20,7 @@ import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from specroll.configs import ClusterSection
+from specroll.configs import ClusterSection, TrainConfig
 
 from .remote_calls import ActorTimeoutError
 
@@ -56,6 +57,13 @@ def actor_device(configured: str) -> str:
     if configured != "auto" or not in_ray_actor():
         return configured
     return "cuda" if ray.get_gpu_ids() else "cpu"
+
+
+def model_cache(cfg: TrainConfig) -> Path | None:
+    """Where an actor loads the model from: inside a Ray actor, the copy the driver staged
+    (`ModelSection.stage`); None for one built in-process (tests, notebooks, benchmarks), which
+    resolves the model itself as the only process there is."""
+    return cfg.model_cache if in_ray_actor() else None
 
 
 def use_cpus(num_cpus: float) -> None:
