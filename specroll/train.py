@@ -164,8 +164,8 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
 
 def prepare(run: Run) -> None:
     """Everything before the first step: every input checked (before anything is written), the
-    run_dir's ownership (refused while another launch holds it), the checkpoint to resume, the saved config and run token, the model staged once for every actor, Ray, the
-    actors (each seeing the run_dir), the restored state and the logger."""
+    run_dir's ownership (refused while another launch holds it), the checkpoint to resume, the saved config and run token, Ray, the
+    actors (the model staged once for all of them, each seeing the run_dir), the restored state and the logger."""
     check_runnable(run.cfg)
     inputs = preflight(run.cfg)
     run.cfg = cfg = inputs.cfg  # run_dir and local paths absolute, for every actor on every node
@@ -175,7 +175,6 @@ def prepare(run: Run) -> None:
     resume_from = checkpoint_to_resume(cfg, run.checkpoints)
     save_resolved_config(cfg, run.run_dir)
     token = write_run_token(run.run_dir)
-    cfg.model.stage(cfg.model_cache)  # fetched or converted once, here; every actor loads it from there
     run.started_ray = connect_ray(cfg.cluster)
     run.actors = RunActors.start(cfg)
     run.actors.check_run_dir(cfg.run_dir, token)

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from ray.cluster_utils import Cluster
 
 from specroll.actors import ActorFailedError, RunActors
-from specroll.actors.placement import bundle, fits_one_node, learner_strategy
+from specroll.actors.placement import bundle, fits_one_node, learner_strategy, reserve
 from specroll.actors.rendezvous import free_port_in
 from specroll.configs import load_train_config
 from specroll.train import run_training
@@ -104,7 +104,6 @@ def test_the_learner_ranks_share_a_node_and_the_rollout_actors_spread(tmp_path):
         cfg = config(tmp_path, ["cluster.learner_world_size=2", "cluster.gpus_per_learner=1",
                                 "cluster.num_rollout_actors=2", "cluster.gpus_per_rollout_actor=1",
                                 "cluster.cpus_per_rollout_actor=1", "cluster.cpus_per_learner=1"])
-        cfg.model.stage(cfg.model_cache)
         actors = RunActors.start(cfg)
         try:
             learners = [node_of(a) for a in actors.learners]
@@ -147,3 +146,20 @@ def test_a_learner_of_two_ranks_on_two_nodes_trains_and_resumes(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(r["train/num_sequences"] == 4 for r in rows)  # both ranks' shares
+
+
+@pytest.mark.ray
+def test_a_cluster_that_cannot_offer_the_bundles_is_named_with_what_it_offers(tmp_path):
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
+    try:
+        cfg = config(tmp_path, ["cluster.learner_world_size=2", "cluster.remote_timeout_s=3"])
+        with pytest.raises(ActorFailedError) as failed:
+            reserve(cfg.cluster, cfg.cluster.remote_timeout_s)
+        assert ray.util.placement_group_table() == {} or all(
+            g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
+    finally:
+        ray.shutdown()
+    message = str(failed.value)
+    assert message.startswith("the Ray cluster did not offer, within 3 s (cluster.remote_timeout_s), the learner's "
+                              "2 x {'CPU': 1.0} (PACK)"), message
+    assert "its nodes offer: CPU=1" in message

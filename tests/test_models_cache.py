@@ -7,9 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import ray
 from hydra import compose, initialize_config_dir
 
-from specroll.actors import ActorFailedError, RunActors
+from specroll.actors import ActorFailedError, LearnerActor, RolloutActor, RunActors, as_remote, gather
 from specroll.configs import ModelSection, load_train_config
 from specroll.learner import export_hf
 from specroll.models.model_cache import MANIFEST, ModelCacheError, entry_dir, stage, staged
@@ -80,20 +81,21 @@ def test_an_entry_that_cannot_be_read_is_named_in_one_message(tiny_hf_dir, tmp_p
 def test_ray_actors_load_the_drivers_staged_copy_and_one_that_cannot_read_it_fails_naming_it(
         ray_cluster, tiny_hf_dir, tmp_path):
     cfg = config(tmp_path, tiny_hf_dir)
-    cfg.model.stage(cfg.model_cache)
     entry = entry_dir(cfg.model.name, cfg.model_cache)
-    assert entry.parent == Path(cfg.run_dir) / "model_cache"
-    shutil.rmtree(tiny_hf_dir)  # what the driver resolved is gone: only the staged copy remains
-    actors = RunActors.start(cfg)
+    actors = RunActors.start(cfg)  # stages the model, then starts the actors
     try:
-        assert actors.rollout_call("versions")[0].policy is None
         loaded = actors.rollout[0].__ray_call__.remote(lambda self: self.tokenizer.name_or_path)
         assert actors.wait([("rollout actor 0", loaded)], "tokenizer source") == [str(entry)]
     finally:
         actors.shutdown()
-    (entry / "model.safetensors").unlink()
-    with pytest.raises(ActorFailedError) as failed:
-        RunActors.start(cfg)
-    message = str(failed.value)
-    assert f"cannot read the staged model {entry}: model.safetensors is unreadable" in message
-    assert message.count(str(entry)) == 1
+    assert entry.parent == tmp_path / "run" / "model_cache"
+    (entry / "model.safetensors").unlink()  # as a node that does not see the driver's storage would find it
+    rollout = as_remote(RolloutActor, 1).remote(cfg, 0)
+    learner = as_remote(LearnerActor, 1).remote(cfg, 0, 1)
+    for name, call in (("rollout actor 0", rollout.versions.remote()), ("learner rank 0", learner.setup.remote("", 0))):
+        with pytest.raises(ActorFailedError) as failed:
+            gather([(name, call)], "start-up", 120)
+        message = str(failed.value)
+        assert f"cannot read the staged model {entry}: model.safetensors is unreadable" in message, message
+        assert message.count(str(entry)) == 1
+    ray.kill(learner)

