@@ -30,7 +30,7 @@ from specroll.speculation.drafting.heads_state import HeadsState
 
 from .batch import Rollouts, prompt_key
 from .head_consolidation_actor import DriftRecord
-from .placement import actor_device, use_cpus
+from .placement import actor_device, model_cache, use_cpus
 from .threads import node_cores, phase_threads, use_threads
 
 
@@ -54,7 +54,7 @@ class RolloutActor(SeesRunDir):
     def __init__(self, cfg: TrainConfig, index: int, consolidation=None) -> None:
         use_cpus(cfg.cluster.cpus_per_rollout_actor)
         self.cfg, self.index, self.consolidation = cfg, index, consolidation
-        model, tokenizer = replace(cfg.model, device=actor_device(cfg.model.device)).load(seed=cfg.seed)
+        model, tokenizer = replace(cfg.model, device=actor_device(cfg.model.device)).load(cfg.seed, model_cache(cfg))
         validate_against_model(cfg, model.config.max_position_embeddings)
         if tokenizer is None:
             raise ValueError("model.tokenizer must be set: prompts are formatted and responses scored as text")

@@ -13,6 +13,7 @@ right per cluster); and a misplaced tensor would pass through it slowly instead 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -39,8 +40,9 @@ def collective_device() -> torch.device:
     return device_for(dist.get_backend(), cuda_index)
 
 
-def ensure_distributed(device: torch.device) -> None:
-    """Join (or create) the process-wide process group: `backend_for(device)`.
+def ensure_distributed(device: torch.device, timeout_s: float) -> None:
+    """Join (or create) the process-wide process group: `backend_for(device)`, its collectives
+    failing after `timeout_s` seconds (`learner.collective_timeout_s`).
 
     A plain `python` process gets one rank on an in-memory store; launchers (Ray actors,
     torchrun) set RANK / WORLD_SIZE / MASTER_* themselves.
@@ -63,11 +65,11 @@ def ensure_distributed(device: torch.device) -> None:
         return
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(key, value)
-    backend = backend_for(device)
+    backend, timeout = backend_for(device), timedelta(seconds=timeout_s)
     if os.environ["WORLD_SIZE"] == "1":
         # One rank needs no rendezvous, so no port is picked that another process could take first.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
 
 
 def rank() -> int:
