@@ -70,7 +70,9 @@ def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
                       speculation=replace(cfg.rollout.speculation, heads_path=local(cfg.rollout.speculation.heads_path)),
                       fastgrpo=replace(cfg.rollout.fastgrpo, drafter_path=local(cfg.rollout.fastgrpo.drafter_path)))
     resume = cfg.resume if cfg.resume in RESUME_MODES else local(cfg.resume)
-    return replace(cfg, run_dir=str(absolute_path(cfg.run_dir)), data=data, rollout=rollout, resume=resume)
+    cache_dir = cfg.model.cache_dir and str(absolute_path(cfg.model.cache_dir))  # it need not exist yet
+    return replace(cfg, run_dir=str(absolute_path(cfg.run_dir)), data=data, rollout=rollout, resume=resume,
+                   model=replace(cfg.model, cache_dir=cache_dir))
 
 
 def read_problems(cfg: TrainConfig, found: list[str]) -> list[Problem]:

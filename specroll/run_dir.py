@@ -13,7 +13,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from specroll.storage import write_atomically
+from specroll.storage import bytes_under, free_bytes, write_atomically
 
 CHECKPOINTS = "checkpoints"  # under run_dir
 TOKEN_NAME = ".specroll-run"  # under run_dir: this launch's token, written by the driver
@@ -31,7 +31,8 @@ def absolute_path(path: str) -> Path:
 
 def run_dir_problems(run_dir: Path, checkpoints: Path) -> list[str]:
     """What keeps `run_dir` (absolute) from holding this run: inside Ray's per-job working
-    directory, or it or its checkpoints folder not writable. Writes nothing that stays."""
+    directory, it or its checkpoints folder not writable, or too little space for its next
+    checkpoint. Writes nothing that stays."""
     parts = run_dir.parts
     if any(parts[i:i + 2] == RAY_JOB_DIR_PARTS for i in range(len(parts) - 1)):
         return [f"run_dir: {run_dir} is inside Ray's per-job working directory, which the next submission "
@@ -48,7 +49,28 @@ def run_dir_problems(run_dir: Path, checkpoints: Path) -> list[str]:
             made = "" if existing == folder else f" (to create {folder})"
             problems.append(f"{where}: cannot write in {existing}{made}: {reason}")
             break
+    space = space_problem(checkpoints)
+    if space is not None:
+        problems.append(space)
     return problems
+
+
+def space_problem(checkpoints: Path) -> str | None:
+    """Why the next checkpoint cannot fit beside the newest (as large as it) in `checkpoints`; None when it can
+    or when no checkpoint tells its size."""
+    if not checkpoints.is_dir():
+        return None
+    from specroll.learner.lineage import complete_checkpoints  # the learner package loads torch: only for a resume
+
+    complete = complete_checkpoints(checkpoints)
+    if not complete:
+        return None
+    newest = complete[-1][1]
+    needed, free = bytes_under(newest), free_bytes(checkpoints)
+    if free >= needed:
+        return None
+    return (f"run_dir's checkpoints folder: {checkpoints} has {free} bytes free, and its next checkpoint needs about "
+            f"{needed} (the size of {newest.name}); free space or move run_dir to a larger disk")
 
 
 def nearest_existing(path: Path) -> Path:

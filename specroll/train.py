@@ -46,7 +46,6 @@ from specroll.data import Problem, PromptStream
 from specroll.eval.evaluation import EvalReport, eval_plan
 from specroll.eval.held_out import load_held_out
 from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_branch, verify_checkpoint
-from specroll.models import resolve_checkpoint
 from specroll.preflight import preflight
 from specroll.run_dir import CHECKPOINTS, write_run_token
 from specroll.run_owner import Owner, RunDirOwnedError, heartbeat, release_ownership, take_ownership
@@ -165,8 +164,8 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
 
 def prepare(run: Run) -> None:
     """Everything before the first step: every input checked (before anything is written), the
-    run_dir's ownership (refused while another launch holds it), the checkpoint to resume, the saved config and run token, converted model checkpoints, Ray, the
-    actors (each seeing the run_dir), the restored state and the logger."""
+    run_dir's ownership (refused while another launch holds it), the checkpoint to resume, the saved config and run token, Ray, the
+    actors (the model staged once for all of them, each seeing the run_dir), the restored state and the logger."""
     check_runnable(run.cfg)
     inputs = preflight(run.cfg)
     run.cfg = cfg = inputs.cfg  # run_dir and local paths absolute, for every actor on every node
@@ -176,7 +175,6 @@ def prepare(run: Run) -> None:
     resume_from = checkpoint_to_resume(cfg, run.checkpoints)
     save_resolved_config(cfg, run.run_dir)
     token = write_run_token(run.run_dir)
-    convert_checkpoints(cfg)
     run.started_ray = connect_ray(cfg.cluster)
     run.actors = RunActors.start(cfg)
     run.actors.check_run_dir(cfg.run_dir, token)
@@ -191,11 +189,6 @@ def prepare(run: Run) -> None:
                                run_id=resumed.wandb_run_id if resumed else None, first_step=run.first_step)
 
 
-def convert_checkpoints(cfg: TrainConfig) -> None:
-    """Convert (or download) the model's and tokenizer's checkpoints once here, not in every actor at once."""
-    for name in (cfg.model.name, cfg.model.tokenizer):
-        if name is not None and not name.startswith("tiny-"):
-            resolve_checkpoint(name)
 
 
 def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | None = None,

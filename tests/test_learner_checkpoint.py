@@ -4,6 +4,7 @@ lineage (a rollback starts a branch), damage found and named, RNG states without
 import json
 import os
 import random
+import shutil
 import warnings
 from dataclasses import asdict
 
@@ -58,7 +59,7 @@ def draw_random_numbers():
     return torch.rand(3).tolist(), random.random(), np.random.rand(2).tolist()
 
 
-@pytest.mark.parametrize("zero_stage", [0, 2])
+@pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
 def test_resume_continues_exactly(tmp_path, zero_stage):
     first, second = random_samples(8, seed=1), random_samples(8, seed=2)
     learner = make_learner(zero_stage)
@@ -125,11 +126,14 @@ def test_interrupted_saves_are_ignored_and_cleaned_up(tmp_path):
     learner = make_learner()
     learner.update(random_samples(4, seed=3))
     good = save_checkpoint(learner, tmp_path, step=1)
-    # A save that dies after DeepSpeed wrote its files: the heads cannot be pickled.
-    with pytest.raises(Exception):
+    # A save that fails after DeepSpeed wrote its files (the heads cannot be pickled) removes its own .tmp.
+    with pytest.raises(Exception, match="Can't pickle"):
         save_checkpoint(learner, tmp_path, step=2, heads=HeadsState(1, {"not_picklable": lambda: None}, None))
-    assert (tmp_path / "step_00000002.tmp").is_dir()
+    assert not (tmp_path / "step_00000002.tmp").exists()
     assert not (tmp_path / "step_00000002").exists()
+    # A save killed midway leaves its .tmp behind.
+    shutil.copytree(good, tmp_path / "step_00000002.tmp")
+    (tmp_path / "step_00000002.tmp" / "COMPLETE").unlink()
     # A final-looking directory without the marker (e.g. copied by hand, half deleted).
     unmarked = tmp_path / "step_00000003"
     unmarked.mkdir()
@@ -366,9 +370,9 @@ def test_export_writes_the_tokenizer(tmp_path, smollm2_dir):
     assert AutoTokenizer.from_pretrained(out).encode(text) == tokenizer.encode(text)
 
 
-@pytest.mark.parametrize("zero_stage", [0, 3])
-def test_policy_weights_read_a_checkpoint_without_a_learner(tmp_path, zero_stage):
-    learner = make_learner(zero_stage)
+@pytest.mark.parametrize("zero_stage, model_type", [(0, "llama"), (3, "llama"), (0, "qwen2")])
+def test_policy_weights_read_a_checkpoint_without_a_learner(tmp_path, zero_stage, model_type):
+    learner = make_learner(zero_stage, model=build_tiny_model(model_type))
     learner.update(random_samples(4, seed=7))
     saved = save_checkpoint(learner, tmp_path, step=1)
     _, expected = learner.policy_state_dict()

@@ -34,7 +34,8 @@ from specroll.telemetry import metric_names as m
 
 from .placement import actor_device
 from .remote_calls import gather
-from .sync_group import MemberDevice, SyncAddress, SyncGroup, member_device
+from .rendezvous import MasterAddress
+from .sync_group import MemberDevice, SyncGroup, member_device
 
 HISTORY_SIZE = 4096  # drift records kept; ~100 bytes each
 
@@ -213,7 +214,7 @@ class HeadConsolidationActor(SeesRunDir):
     def weight_sync_device(self) -> MemberDevice:
         return member_device(torch.device(actor_device("auto")))
 
-    def join_weight_sync(self, address: SyncAddress, rank: int, size: int, backend: str, plan: BucketPlan,
+    def join_weight_sync(self, address: MasterAddress, rank: int, size: int, backend: str, plan: BucketPlan,
                          timeout_s: float) -> None:
         self.sync = SyncGroup.join(address, rank, size, backend, plan, timeout_s)
 

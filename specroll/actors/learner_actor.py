@@ -12,13 +12,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
-import ray
 import torch
 
 from specroll.configs import TrainConfig
 from specroll.learner import GRPOLearner, GRPOSamples, load_checkpoint, save_checkpoint
 from specroll.learner.checkpoint import ResumeState
-from specroll.learner.grpo_learner import free_port
 from specroll.models import resolve_dtype
 from specroll.models.flat_weights import FlatWeights
 from specroll.models.weight_buckets import BucketPlan
@@ -26,8 +24,9 @@ from specroll.run_dir import SeesRunDir
 from specroll.speculation.drafting.heads_state import HeadsState
 
 from .batch import Rollouts
-from .placement import actor_device, use_cpus
-from .sync_group import MemberDevice, SyncAddress, SyncGroup, member_device, rendezvous
+from .placement import actor_device, model_cache, use_cpus
+from .rendezvous import MasterAddress, rendezvous_point
+from .sync_group import MemberDevice, SyncGroup, member_device, rendezvous
 from .threads import node_cores, phase_threads, use_threads
 
 
@@ -45,13 +44,6 @@ class LearnerUpdate:
         """The step's update: ranks' metrics are equal; a phase lasts as long as its slowest rank."""
         return cls(ranks[0].metrics, max(r.old_logprob_s for r in ranks), max(r.update_s for r in ranks),
                    sum(r.tokens for r in ranks))
-
-
-class MasterAddress(NamedTuple):
-    """Where learner rank 0 listens for the process group."""
-
-    host: str  # its node's address
-    port: int  # a free port there
 
 
 class VersionedWeights(NamedTuple):
@@ -74,8 +66,8 @@ class LearnerActor(SeesRunDir):
         self.threads = phase_threads(cfg.cluster, node_cores()).learner  # while training
 
     def master_address(self) -> MasterAddress:
-        """This node's address and a free port, for rank 0 to listen on."""
-        return MasterAddress(ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1", free_port())
+        """This node's address and a free port of `cluster.master_port_range`, for rank 0 to listen on."""
+        return rendezvous_point(self.cfg.cluster.master_port_range)
 
     def setup(self, master_addr: str, master_port: int) -> int:
         """Join the process group and wrap the initial policy in DeepSpeed; returns the policy version."""
@@ -84,7 +76,7 @@ class LearnerActor(SeesRunDir):
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         device = actor_device(self.cfg.learner.device)
         # Loaded on the CPU in float32: DeepSpeed moves it and casts to learner.dtype.
-        model, _ = replace(self.cfg.model, device="cpu", dtype="float32").load(seed=self.cfg.seed)
+        model, _ = replace(self.cfg.model, device="cpu", dtype="float32").load(self.cfg.seed, model_cache(self.cfg))
         self.learner = GRPOLearner(model, replace(self.cfg.learner, device=device))
         return self.learner.version
 
@@ -124,15 +116,15 @@ class LearnerActor(SeesRunDir):
         return BucketPlan.of(self.learner.module, resolve_dtype(self.cfg.model.dtype),
                              self.cfg.cluster.weight_sync_bucket_bytes)
 
-    def open_weight_sync(self) -> tuple[SyncAddress, BucketPlan]:
+    def open_weight_sync(self) -> tuple[MasterAddress, BucketPlan]:
         """Rank 0: listen for the weight-sync group; where, and the plan every member follows."""
-        self.sync_store, address = rendezvous(self.cfg.cluster.remote_timeout_s)
+        self.sync_store, address = rendezvous(self.cfg.cluster.master_port_range, self.cfg.cluster.remote_timeout_s)
         return address, self.sync_plan()
 
     def weight_sync_device(self) -> MemberDevice:
         return member_device(torch.device(self.learner.device))
 
-    def join_weight_sync(self, address: SyncAddress, rank: int, size: int, backend: str, plan: BucketPlan,
+    def join_weight_sync(self, address: MasterAddress, rank: int, size: int, backend: str, plan: BucketPlan,
                          timeout_s: float) -> None:
         """Rank 0 joins the weight-sync group as its rank 0 (the sender)."""
         self.sync = SyncGroup.join(address, rank, size, backend, plan, timeout_s, store=self.sync_store)

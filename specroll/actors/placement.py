@@ -1,14 +1,28 @@
-"""Where an actor runs: its Ray resources, device and CPU threads, all from the config.
+"""Where an actor runs: its Ray resources, placement group, device and CPU threads, all from the config.
 
 Actors are plain classes; `as_remote` wraps one for Ray only when it is created, so tests
 and notebooks can also build them in-process.
+
+The learner's ranks are reserved as one placement group packed on as few nodes as their
+GPUs allow (NCCL inside a node is far faster than between nodes), rank r in bundle r; the
+rollout actors as one group spread over the nodes (each brings its own GPU and its share of
+the network). The head-consolidation actor, a GPU share beside a rollout actor's, is placed
+by its resources alone.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NamedTuple
+
 import ray
 import torch
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from specroll.configs import ClusterSection
+from specroll.configs import ClusterSection, TrainConfig
+
+from .remote_calls import ActorTimeoutError
 
 
 def as_remote(cls: type, num_cpus: float, num_gpus: float = 0.0, resources: dict[str, float] | None = None):
@@ -45,7 +59,77 @@ def actor_device(configured: str) -> str:
     return "cuda" if ray.get_gpu_ids() else "cpu"
 
 
+def model_cache(cfg: TrainConfig) -> Path | None:
+    """Where an actor loads the model from: inside a Ray actor, the copy the driver staged
+    (`ModelSection.stage`); None for one built in-process (tests, notebooks, benchmarks), which
+    resolves the model itself as the only process there is."""
+    return cfg.model_cache if in_ray_actor() else None
+
+
 def use_cpus(num_cpus: float) -> None:
     """One torch thread per reserved CPU: more threads than cores only wait on each other."""
     if in_ray_actor():
         torch.set_num_threads(max(1, int(num_cpus)))
+
+
+def bundle(cpus: float, gpus: float, resources: Mapping[str, float]) -> dict[str, float]:
+    """One actor's reservation as a placement-group bundle: Ray refuses amounts of zero."""
+    return {name: amount for name, amount in {"CPU": cpus, "GPU": gpus, **resources}.items() if amount > 0}
+
+
+def fits_one_node(bundles: list[dict[str, float]], nodes: list[Mapping[str, float]]) -> bool:
+    """Whether some node's total resources hold all `bundles` at once."""
+    needed: dict[str, float] = {}
+    for b in bundles:
+        for name, amount in b.items():
+            needed[name] = needed.get(name, 0.0) + amount
+    return any(all(node.get(name, 0.0) >= amount for name, amount in needed.items()) for node in nodes)
+
+
+def learner_strategy(bundles: list[dict[str, float]], nodes: list[Mapping[str, float]]) -> str:
+    """STRICT_PACK (one node, never split) where some node holds every rank, else PACK (as few nodes as they fit)."""
+    return "STRICT_PACK" if fits_one_node(bundles, nodes) else "PACK"
+
+
+class Placement(NamedTuple):
+    """The placement groups of a run's learner ranks and rollout actors."""
+
+    learner: PlacementGroup  # bundle r: learner rank r
+    rollout: PlacementGroup  # bundle i: rollout actor i
+
+    def learner_rank(self, rank: int) -> dict:
+        """`options` placing learner rank `rank` in its bundle."""
+        return in_bundle(self.learner, rank)
+
+    def rollout_actor(self, index: int) -> dict:
+        """`options` placing rollout actor `index` in its bundle."""
+        return in_bundle(self.rollout, index)
+
+    def remove(self) -> None:
+        for group in self:
+            remove_placement_group(group)
+
+
+def in_bundle(group: PlacementGroup, index: int) -> dict:
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)}
+
+
+def reserve(cluster: ClusterSection, timeout_s: float) -> Placement:
+    """Reserve the learner's and the rollout actors' resources on the Ray cluster `ray.init` joined;
+    waits at most `timeout_s` for the cluster to offer them (an autoscaler may be adding nodes)."""
+    c = cluster
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    learners = [bundle(c.cpus_per_learner, c.gpus_per_learner, c.learner_resources)] * c.learner_world_size
+    rollout = [bundle(c.cpus_per_rollout_actor, c.gpus_per_rollout_actor, c.rollout_resources)] * c.num_rollout_actors
+    strategy = learner_strategy(learners, nodes)
+    placement = Placement(placement_group(learners, strategy=strategy), placement_group(rollout, strategy="SPREAD"))
+    ready, _ = ray.wait([group.ready() for group in placement], num_returns=2, timeout=timeout_s)
+    if len(ready) < 2:
+        placement.remove()
+        offered = "; ".join(", ".join(f"{k}={v:g}" for k, v in sorted(n.items()) if not k.startswith("node:"))
+                            for n in nodes)
+        raise ActorTimeoutError(
+            f"the Ray cluster did not offer, within {timeout_s:g} s (cluster.remote_timeout_s), the learner's "
+            f"{len(learners)} x {learners[0]} ({strategy}) and the rollout actors' {len(rollout)} x {rollout[0]} "
+            f"(SPREAD); its nodes offer: {offered or 'nothing'}")
+    return placement

@@ -31,8 +31,9 @@ from specroll.speculation.drafting.heads_state import HeadsState
 
 from .batch import Rollouts, prompt_key
 from .head_consolidation_actor import DriftRecord
-from .placement import actor_device, use_cpus
-from .sync_group import MemberDevice, SyncAddress, SyncGroup, member_device
+from .placement import actor_device, model_cache, use_cpus
+from .rendezvous import MasterAddress
+from .sync_group import MemberDevice, SyncGroup, member_device
 from .threads import node_cores, phase_threads, use_threads
 
 
@@ -56,7 +57,7 @@ class RolloutActor(SeesRunDir):
     def __init__(self, cfg: TrainConfig, index: int, consolidation=None) -> None:
         use_cpus(cfg.cluster.cpus_per_rollout_actor)
         self.cfg, self.index, self.consolidation = cfg, index, consolidation
-        model, tokenizer = replace(cfg.model, device=actor_device(cfg.model.device)).load(seed=cfg.seed)
+        model, tokenizer = replace(cfg.model, device=actor_device(cfg.model.device)).load(cfg.seed, model_cache(cfg))
         validate_against_model(cfg, model.config.max_position_embeddings)
         if tokenizer is None:
             raise ValueError("model.tokenizer must be set: prompts are formatted and responses scored as text")
@@ -87,7 +88,7 @@ class RolloutActor(SeesRunDir):
     def weight_sync_device(self) -> MemberDevice:
         return member_device(next(self.model.parameters()).device)
 
-    def join_weight_sync(self, address: SyncAddress, rank: int, size: int, backend: str, plan: BucketPlan,
+    def join_weight_sync(self, address: MasterAddress, rank: int, size: int, backend: str, plan: BucketPlan,
                          timeout_s: float) -> None:
         """Join the weight-sync group, once the plan is checked against this replica's weights."""
         plan.check(self.model)

@@ -23,8 +23,8 @@ from specroll.telemetry import metric_names as m
 from .batch import Rollouts, split_groups
 from .head_consolidation_actor import DriftRecord, HeadConsolidationActor
 from .learner_actor import LearnerActor, LearnerUpdate
-from .placement import as_remote
-from .remote_calls import actor_names, gather
+from .placement import Placement, as_remote, reserve
+from .remote_calls import actor_names, cluster_reachable, gather
 from .rollout_actor import RolloutActor
 from .sync_group import group_backend
 
@@ -53,9 +53,11 @@ class RunActors:
     """`cluster.num_rollout_actors` rollout actors, `cluster.learner_world_size` learner ranks and,
     when speculating, the head-consolidation actor, with the policy version each side holds."""
 
-    def __init__(self, cfg: TrainConfig, rollout: list, learners: list, consolidation) -> None:
+    def __init__(self, cfg: TrainConfig, rollout: list, learners: list, consolidation,
+                 placement: Placement | None = None) -> None:
         self.cfg, self.timeout_s = cfg, cfg.cluster.remote_timeout_s
         self.rollout, self.learners, self.consolidation = rollout, learners, consolidation
+        self.placement = placement
         self.names = actor_names({**{rollout_name(i): a for i, a in enumerate(rollout)},
                                   **{learner_name(r): a for r, a in enumerate(learners)}, CONSOLIDATION: consolidation})
         self.learner_version: int | None = None
@@ -63,8 +65,11 @@ class RunActors:
 
     @classmethod
     def start(cls, cfg: TrainConfig) -> "RunActors":
-        """Create the actors with the resources of `cfg.cluster` and wait until all are ready."""
+        """Stage the model once for every actor (`ModelSection.stage`), reserve `cfg.cluster`'s resources
+        (`placement.reserve`), create the actors in them and wait until all are ready."""
         c = cfg.cluster
+        cfg.model.stage(cfg.model_cache)
+        placement = reserve(c, c.remote_timeout_s)
         spec = cfg.rollout.speculation if cfg.rollout.speculates else None
         # Its head updates overlap the learner's: no CPU reserved, a GPU (share) where configured.
         consolidation = (as_remote(HeadConsolidationActor, 0, c.gpus_per_consolidation_actor,
@@ -74,9 +79,12 @@ class RunActors:
         learner_cls = as_remote(LearnerActor, c.cpus_per_learner, c.gpus_per_learner, c.learner_resources)
         actors = cls(
             cfg,
-            [rollout_cls.remote(cfg, i, consolidation) for i in range(c.num_rollout_actors)],
-            [learner_cls.remote(cfg, rank, c.learner_world_size) for rank in range(c.learner_world_size)],
+            [rollout_cls.options(**placement.rollout_actor(i)).remote(cfg, i, consolidation)
+             for i in range(c.num_rollout_actors)],
+            [learner_cls.options(**placement.learner_rank(rank)).remote(cfg, rank, c.learner_world_size)
+             for rank in range(c.learner_world_size)],
             consolidation,
+            placement,
         )
         try:
             actors.wait_until_ready()
@@ -285,3 +293,6 @@ class RunActors:
         for actor in [*self.rollout, *self.learners, self.consolidation]:
             if actor is not None:
                 ray.kill(actor)
+        # A lost cluster's GCS cannot answer the removal (which would wait on it); its groups went with it.
+        if self.placement is not None and cluster_reachable():
+            self.placement.remove()

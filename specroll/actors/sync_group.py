@@ -2,7 +2,7 @@
 actors over a torch.distributed group of their own, one bucket at a time (`cluster.weight_sync=collective`).
 
 Ranks: learner rank 0 is 0, rollout actor i is 1 + i, the head-consolidation actor (slow path) the
-last. Rank 0 listens on its node's address (`rendezvous`); the driver hands that address, the
+last. Rank 0 listens at its node's address on a port of `cluster.master_port_range` (`rendezvous`); the driver hands that address, the
 `BucketPlan` and the backend (`group_backend` of the members' devices) to every member, which joins
 once, at start. A sync: the learner ranks gather one bucket's parameters at a time (ZeRO-3), rank 0
 packs the bucket and broadcasts it, each receiver copies it into its weights; a last message carries
@@ -25,14 +25,9 @@ import torch.distributed as dist
 from specroll.learner.collectives import device_for, group_of_its_own
 from specroll.models.weight_buckets import Bucket, BucketPlan, pack_bucket
 
+from .rendezvous import MasterAddress, node_address, rendezvous_point
+
 Gathered = Callable[[Bucket], AbstractContextManager[Mapping[str, torch.Tensor]]]
-
-
-class SyncAddress(NamedTuple):
-    """Where learner rank 0 listens for the weight-sync group."""
-
-    host: str  # its node's address
-    port: int  # the port its store listens on
 
 
 class MemberDevice(NamedTuple):
@@ -57,16 +52,12 @@ def group_backend(devices: list[MemberDevice]) -> str:
     return "nccl" if all(gpus) and len(set(gpus)) == len(gpus) else "gloo"
 
 
-def node_address() -> str:
-    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-
-
-def rendezvous(timeout_s: float) -> tuple[dist.TCPStore, SyncAddress]:
-    """Rank 0's store, on a port the system picks as it binds (none another process can take first),
-    and the address the other members reach it at."""
-    host = node_address()
-    store = dist.TCPStore(host, 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
-    return store, SyncAddress(host, store.port)
+def rendezvous(port_range: tuple[int, int], timeout_s: float) -> tuple[dist.TCPStore, MasterAddress]:
+    """Rank 0's store, listening at its node's address on a free port of `port_range`
+    (`cluster.master_port_range`), and that address, for the other members."""
+    address = rendezvous_point(port_range)
+    store = dist.TCPStore(address.host, address.port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
+    return store, address
 
 
 @dataclass
@@ -79,7 +70,7 @@ class SyncGroup:
     buffer: torch.Tensor  # uint8 [plan.largest] on the group's device: the CPU under gloo, this GPU under NCCL
 
     @classmethod
-    def join(cls, address: SyncAddress, rank: int, size: int, backend: str, plan: BucketPlan, timeout_s: float,
+    def join(cls, address: MasterAddress, rank: int, size: int, backend: str, plan: BucketPlan, timeout_s: float,
              store: dist.Store | None = None) -> "SyncGroup":
         """Join as `rank` of `size` (blocks until all have joined); rank 0 passes `rendezvous`'s store."""
         if store is None:

@@ -13,7 +13,7 @@ from ..models.loading import cache_root
 
 SKIPPED_PROBLEMS = 256  # the most synthetic prompts a run may use and B not have trained on
 # One step of 8192 tokens (the SFT default) at lr 1e-4: frozen heads then draft fewer tokens per pass
-# than for A. Three or more steps make B so peaked on the template that they draft more (docs/benchmarks.md).
+# than for A. Three or more steps make B so peaked on the template that they draft more (docs/history/2026-12-06.md).
 LIMIT, STEPS, LR = 48, 1, 1e-4  # problems, optimizer steps, lr
 RECIPE = ["--dataset", "synthetic", "--skip", str(SKIPPED_PROBLEMS), "--limit", str(LIMIT), "--epochs", "1",
           "--max-steps", str(STEPS), "--lr", str(LR), "--eval-examples", "16"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from specroll.data import INSTRUCTION, NUMERIC_FORMATS, PROBLEM_SOURCES, RecordFormat, RewardConfig, SyntheticConfig
@@ -23,6 +24,7 @@ from specroll.models import (
 )
 from specroll.models.config import SUPPORTED_MODEL_TYPES
 from specroll.models.loading import DTYPES
+from specroll.models.model_cache import stage, staged
 from specroll.rollout import SamplingParams
 from specroll.speculation import SpeculationConfig
 
@@ -57,6 +59,18 @@ def check_resources(name: str, resources: dict) -> None:
         check_number(f"{name}.{key}", amount, 0.0, low_inclusive=False)
 
 
+def check_port_range(name: str, value: Any) -> None:
+    """[low, high]: unprivileged ports, low <= high."""
+    ports = list(value) if isinstance(value, (list, tuple)) else None
+    if ports is None or len(ports) != 2:
+        raise ValueError(f"{name} must be [low, high], got {value!r}")
+    for port in ports:
+        if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
+            raise ValueError(f"{name} must hold ports in [1024, 65535], got {value!r}")
+    if ports[0] > ports[1]:
+        raise ValueError(f"{name} must be [low, high] with low <= high, got {value!r}")
+
+
 def check_device(name: str, value: str) -> None:
     if value != "auto" and value.split(":")[0] not in ("cpu", "cuda"):
         raise ValueError(f"{name} must be 'auto', 'cpu' or 'cuda[:i]', got {value!r}")
@@ -75,10 +89,15 @@ class ModelSection:
     # tiny-* only: a model (as in `name`) whose tokenizer is used; the tiny vocabulary and EOS
     # then match it. null: the tiny 64-token vocabulary and no tokenizer.
     tokenizer: str | None = None
+    # Where the driver stages the model's files once for every actor (GGUF converted, hub model
+    # downloaded, local directory linked): a folder on storage every node sees; null: <run_dir>/model_cache
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("name must be a non-empty string")
+        if self.cache_dir is not None and not self.cache_dir:
+            raise ValueError("cache_dir must be null or a non-empty path")
         check_choice("dtype", self.dtype, tuple(DTYPES))
         check_device("device", self.device)
         if self.tiny_type is not None and self.tiny_type not in SUPPORTED_MODEL_TYPES:
@@ -92,11 +111,21 @@ class ModelSection:
         """The architecture of a tiny-* model ("llama", "qwen2"); None for real weights."""
         return self.name[len(TINY_PREFIX):] if self.name.startswith(TINY_PREFIX) else None
 
-    def load(self, seed: int = 0):
-        """`(CausalLM, tokenizer or None)` as this section describes them."""
+    def stage(self, cache: Path) -> None:
+        """Fetch or convert the model's files (a tiny model's tokenizer alone) once, into `cache`:
+        run by the driver before any actor starts."""
         if self.tiny_type is None:
-            return load_causal_lm(self.name, dtype=self.dtype, device=self.device)
-        tokenizer, sized_to_tokenizer = self.load_tokenizer(), {}
+            stage(self.name, cache)
+        elif self.tokenizer is not None:
+            stage(self.tokenizer, cache, weights=False)
+
+    def load(self, seed: int = 0, cache: Path | None = None):
+        """`(CausalLM, tokenizer or None)` as this section describes them; with `cache`, read from
+        the files the driver staged there (`stage`), never fetched here."""
+        if self.tiny_type is None:
+            model_dir = None if cache is None else staged(self.name, cache)
+            return load_causal_lm(self.name, dtype=self.dtype, device=self.device, model_dir=model_dir)
+        tokenizer, sized_to_tokenizer = self.load_tokenizer(cache), {}
         if tokenizer is not None:
             eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
             sized_to_tokenizer = dict(vocab_size=len(tokenizer), eos_token_ids=eos)
@@ -104,14 +133,16 @@ class ModelSection:
         return model.to(device=resolve_device(self.device), dtype=resolve_dtype(self.dtype)).eval(), tokenizer
 
 
-    def load_tokenizer(self):
+    def load_tokenizer(self, cache: Path | None = None):
         """The tokenizer alone, without the weights: the model's own, or `tokenizer`'s for a tiny
-        model (None when it has none)."""
+        model (None when it has none); with `cache`, from the files staged there."""
         source = self.name if self.tiny_type is None else self.tokenizer
         if source is None:
             return None
         from transformers import AutoTokenizer
 
+        if cache is not None:
+            return AutoTokenizer.from_pretrained(staged(source, cache, weights=self.tiny_type is None))
         return AutoTokenizer.from_pretrained(resolve_checkpoint(source))
 
     def context_length(self) -> int:
@@ -274,6 +305,9 @@ class ClusterSection:
     rollout_resources: dict[str, float] = field(default_factory=dict)
     learner_resources: dict[str, float] = field(default_factory=dict)  # each learner rank's
     consolidation_resources: dict[str, float] = field(default_factory=dict)  # the head-consolidation actor's
+    # Ports [low, high] that learner rank 0 (and any group it leads) may listen on, at its node's
+    # address: open them between the nodes; each group takes one that is free there
+    master_port_range: list[int] = field(default_factory=lambda: [29500, 29599])
     # How new policy weights reach the rollout (and head-consolidation) actors. collective: learner
     # rank 0 streams them over a torch.distributed group of its own (NCCL when every member is on a
     # GPU, else gloo), one bucket at a time; object_store: one whole-model object in Ray's object
@@ -298,6 +332,7 @@ class ClusterSection:
         check_number("remote_timeout_s", self.remote_timeout_s, 0.0, low_inclusive=False)
         for name in ("rollout_resources", "learner_resources", "consolidation_resources"):
             check_resources(name, getattr(self, name))
+        check_port_range("master_port_range", self.master_port_range)
         check_choice("weight_sync", self.weight_sync, WEIGHT_SYNC_PATHS)
         check_number("weight_sync_bucket_mb", self.weight_sync_bucket_mb, 0.0, low_inclusive=False)
 

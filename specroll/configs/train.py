@@ -23,6 +23,7 @@ from .sections import TINY_PREFIX, ClusterSection, DataSection, EvalSection, Mod
 from .typed import build_dataclass
 
 RESUME_MODES = ("auto", "never")
+MODEL_CACHE = "model_cache"  # under run_dir, unless model.cache_dir names another folder
 # Local paths as `specroll.data.load_problem_set` tells them from dataset names.
 _LOCAL_PREFIXES = ("/", ".", "~")
 
@@ -82,6 +83,11 @@ class TrainConfig:
                 f"cluster.num_rollout_actors ({cluster.num_rollout_actors}) must be <= data.prompts_per_step "
                 f"({data.prompts_per_step}): each rollout actor needs at least one prompt"
             )
+
+    @property
+    def model_cache(self) -> Path:
+        """Where the driver stages the model for every actor: model.cache_dir, else <run_dir>/model_cache."""
+        return Path(self.model.cache_dir) if self.model.cache_dir else Path(self.run_dir) / MODEL_CACHE
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (for W&B and the checkpoint's record of the run)."""

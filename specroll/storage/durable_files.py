@@ -13,6 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .disk_space import path_named
+
 
 def fsync_directory(path: Path) -> None:
     """Make the names created, renamed or removed in directory `path` durable."""
@@ -41,7 +43,7 @@ def fsync_tree(root: Path) -> None:
 
 def write_durably(path: Path, text: str) -> None:
     """Write `text` to `path` and fsync it (in place: for files inside a directory renamed later)."""
-    with open(path, "w") as f:
+    with path_named(path), open(path, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -49,9 +51,10 @@ def write_durably(path: Path, text: str) -> None:
 
 def write_atomically(path: Path, text: str) -> None:
     """Replace `path` by a file holding `text`: readers see the old file or the new one, whole, never a part."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with path_named(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with path_named(path), os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -33,7 +33,7 @@ class ConsolidationConfig:
     replay_capacity: int = 32768  # records kept for updates, newest first
     max_policy_lag: int = 2  # records sampled by a policy this many versions older than the newest age out
     held_out_fraction: float = 0.1  # records kept apart to judge an update
-    # The design's lr 1e-5 x 2 steps left drifted heads where they were (docs/benchmarks.md).
+    # The design's lr 1e-5 x 2 steps left drifted heads where they were (docs/history/2026-12-02.md).
     lr: float = 3e-4  # AdamW learning rate of the heads
     steps: int = 30  # optimiser steps per update
     batch_records: int = 512  # training records per optimiser step, a fresh random sample (all when fewer)

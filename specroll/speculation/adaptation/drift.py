@@ -13,7 +13,7 @@ The head is degraded when z_k > z_threshold AND a0_k - a_k >= min_acceptance_dro
 acceptance over the window), outside cooldown. That is `signal="tv"`, the design's rule. The
 default, `signal="acceptance"`, takes as z_k the fall in acceptance over its binomial standard
 error instead (`acceptance_z`): on a measured drift the TV of head 0's records fell while its
-acceptance fell by 0.07-0.18 (docs/benchmarks.md), so the TV rule did not fire at its
+acceptance fell by 0.07-0.18 (docs/history/2026-12-01.md), so the TV rule did not fire at its
 threshold. A head degraded at `consecutive` consecutive checks triggers an event naming the
 degraded heads with the largest z (at most `max_heads_per_event`), and starts a cooldown of
 `cooldown_steps` steps.

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from specroll.storage.safe_load import load_state
+
 from .heads import HeadsMeta
 
 
@@ -31,7 +33,7 @@ class HeadsState:
     def load(cls, path: str | Path) -> HeadsState:
         """What `save` wrote; a file without "meta" or "consolidation" (the oldest checkpoints)
         loads with None there."""
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        saved = load_state(path)
         missing = {"version", "state"} - set(saved)
         if missing:
             raise ValueError(f"{path} lacks {sorted(missing)} of the saved heads; it holds {sorted(saved)}")
