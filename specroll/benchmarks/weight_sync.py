@@ -13,9 +13,9 @@ On a local Ray cluster:
   paths       `RunActors.sync_policy` by each `cluster.weight_sync` side by side: its seconds, the
               bytes it moves (object_store: the one object put in the store, which a replica on the
               same node maps without a copy; collective: what learner rank 0 writes to its sockets,
-              one copy per replica), and each actor's peak host memory during the sync above what
-              it held before (VmHWM, reset before each sync; the object store's shared memory
-              counts where an actor touches it).
+              one copy per replica), each actor's peak host memory during a sync above what it
+              held before (VmHWM, reset before each sync; the object store's shared memory counts
+              where an actor touches it) and its resident memory after the last.
 Each time is the median over `--repeats`, each peak the largest.
 """
 from __future__ import annotations
@@ -121,8 +121,9 @@ def reset_peak(pid: int) -> None:
 
 
 def path_figures(actors: RunActors, repeats: int) -> dict:
-    """`sync_policy` by the actors' `cluster.weight_sync`: median seconds, the bytes it moves, and
-    the learner's and the replica's peak host memory above what each held before the sync."""
+    """`sync_policy` by the actors' `cluster.weight_sync`: median seconds, the bytes it moves, the
+    learner's and the replica's peak host memory above what each held before a sync (the largest,
+    the first sync's included), and what each holds after the last."""
     pids = {kind: ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
             for kind, actor in (("learner", actors.learners[0]), ("rollout", actors.rollout[0]))}
     times, peaks, moved = [], dict.fromkeys(pids, 0), 0
@@ -141,7 +142,9 @@ def path_figures(actors: RunActors, repeats: int) -> dict:
             moved = proc_figure(pids["learner"], "io", "wchar") - written
         else:
             moved = ray.get(actors.learners[0].__ray_call__.remote(lambda a: a.packed.nbytes))
-    return {"sync_policy_s": statistics.median(times), "moved_bytes": moved, "peak_rss_bytes": peaks}
+    held_after = {kind: proc_figure(pid, "status", "VmRSS") for kind, pid in pids.items()}
+    return {"sync_policy_s": statistics.median(times), "moved_bytes": moved, "peak_rss_bytes": peaks,
+            "rss_after_bytes": held_after}
 
 
 def between_actors(model: str, dtype: str, repeats: int) -> tuple[dict[str, float], dict[str, dict]]:
@@ -150,9 +153,9 @@ def between_actors(model: str, dtype: str, repeats: int) -> tuple[dict[str, floa
     for path in PATHS:
         actors = RunActors.start(benchmark_config(model, dtype, path))
         try:
+            paths[path] = path_figures(actors, repeats)  # first: a path's first sync allocates its buffers
             if path == "object_store":
                 breakdown = actor_seconds(actors, repeats)
-            paths[path] = path_figures(actors, repeats)
         finally:
             actors.shutdown()
     return breakdown, paths
@@ -183,11 +186,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {stage:<8} {value:8.3f} s")
     print(f"  {'total':<8} {result['stages_total_s']:8.3f} s   (object store, stages one by one, in this process)")
     print("object store between actors: " + ", ".join(f"{name} {value:.3f} s" for name, value in actor_breakdown.items()))
-    print(f"  {'cluster.weight_sync':<20} {'sync_policy':>11} {'bytes moved':>12} {'learner peak':>13} {'replica peak':>13}")
+    print(f"  {'cluster.weight_sync':<20} {'sync_policy':>11} {'bytes moved':>12} {'learner peak':>13} "
+          f"{'replica peak':>13} {'learner after':>14} {'replica after':>14}")
     for path, figures in paths.items():
-        peak = figures["peak_rss_bytes"]
+        peak, after = figures["peak_rss_bytes"], figures["rss_after_bytes"]
         print(f"  {path:<20} {figures['sync_policy_s']:9.3f} s {figures['moved_bytes'] / 2**20:8.1f} MiB "
-              f"{peak['learner'] / 2**20:+9.1f} MiB {peak['rollout'] / 2**20:+9.1f} MiB")
+              f"{peak['learner'] / 2**20:+9.1f} MiB {peak['rollout'] / 2**20:+9.1f} MiB "
+              f"{after['learner'] / 2**20:10.1f} MiB {after['rollout'] / 2**20:10.1f} MiB")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
