@@ -47,7 +47,7 @@ from specroll.eval.evaluation import EvalReport, eval_plan
 from specroll.eval.held_out import load_held_out
 from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_branch, verify_checkpoint
 from specroll.preflight import preflight
-from specroll.run_dir import CHECKPOINTS, write_run_token
+from specroll.run_dir import CHECKPOINTS, CONFIG_NAME, write_run_token
 from specroll.run_owner import Owner, RunDirOwnedError, heartbeat, release_ownership, take_ownership
 from specroll.storage import write_atomically
 from specroll.telemetry import (
@@ -66,7 +66,6 @@ from specroll.telemetry.run_summary import format_summary
 from specroll.telemetry.sinks import JSONL_NAME
 
 CONF_ENV = "SPECROLL_CONF"
-CONFIG_NAME = "config.yaml"  # under run_dir: the resolved config of the latest launch
 CURVES_NAME = "run_curves.png"  # under run_dir: the run's curves, drawn at its end
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks, kept for ours
 # Errors whose message names what failed (a config field, a file or folder, the Ray address, an actor, a lost

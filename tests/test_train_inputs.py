@@ -215,6 +215,25 @@ def test_a_name_found_neither_here_nor_on_the_hub_fails_at_once(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no run_dir, no Ray session, nothing of Hydra's
 
 
+def test_an_unknown_model_is_named_once(tmp_path):
+    result = train_in_subprocess(tmp_path, ["run_dir=run", "model.name=org/no-such-model", "model.tokenizer=null"],
+                                 HF_HUB_OFFLINE="1")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: the run cannot start: model.name: unknown model 'org/no-such-model'")
+    assert result.stderr.count("unknown model") == 1
+
+
+def test_a_folder_where_the_run_token_goes_is_named_before_anything_is_written(tmp_path):
+    run_dir = earlier_run(tmp_path)
+    (run_dir / ".specroll-run").mkdir()
+    before = contents(run_dir)
+    message = fails_before_start(config(run_dir, []))
+    assert message == (f"the run cannot start: run_dir: {run_dir / '.specroll-run'} is not a file, and a launch "
+                       "writes that file (remove or rename it)")
+    assert contents(run_dir) == before  # config.yaml as the earlier launch left it
+
+
 def test_a_run_dir_a_live_launch_owns_is_refused_naming_it_before_anything_is_written(tmp_path):
     run_dir = earlier_run(tmp_path)
     owner = take_ownership(run_dir)  # as the live launch holds it: this process is that launch
