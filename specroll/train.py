@@ -39,6 +39,7 @@ from specroll.actors import (
     Rollouts,
     RunActors,
 )
+from specroll.actors.local_cluster import start_local_cluster
 from specroll.actors.placement import local_resources
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.configs.renames import renamed_overrides
@@ -392,7 +393,8 @@ def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
 
 
 def connect_ray(cluster: ClusterSection) -> bool:
-    """Join `cluster.ray_address` (or the job's $RAY_ADDRESS), or start a local cluster; True if started here."""
+    """Join `cluster.ray_address` (or the job's $RAY_ADDRESS), or start a local cluster on the loopback
+    address (`start_local_cluster`); True if started here."""
     if ray.is_initialized():
         return False
     address = cluster.ray_address or os.environ.get("RAY_ADDRESS")
@@ -411,10 +413,7 @@ def connect_ray(cluster: ClusterSection) -> bool:
                          f"this machine has {torch.cuda.device_count()}")
     cpus = c.num_rollout_actors * c.cpus_per_rollout_actor + c.learner_world_size * c.cpus_per_learner
     # Ray's CPUs are bookkeeping: a laptop with fewer cores still runs the config, just slower.
-    # address="local": a cluster of this run's own, even where another one runs on this machine.
-    # worker_niceness 0: Ray's default (15) lets any other busy process starve the actors doing the run's work.
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), resources=local_resources(c),
-             include_dashboard=False, _system_config={"worker_niceness": 0})
+    start_local_cluster(max(os.cpu_count() or 1, math.ceil(cpus)), local_resources(c))
     return True
 
 

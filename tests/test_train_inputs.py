@@ -2,7 +2,8 @@
 fails before Ray or any model starts, in one message naming the file, line or field, leaving an
 existing run_dir byte for byte as it was and nothing in the launch directory; long prompts can be
 dropped instead, with a count. A run_dir another live launch owns is refused the same way. And the local cluster a run starts for itself gives its actors the
-driver's CPU priority."""
+driver's CPU priority and listens on the loopback address only."""
+import ipaddress
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
 from hydra import compose, initialize_config_dir
@@ -296,6 +298,33 @@ def test_a_run_started_cluster_runs_its_actors_at_the_drivers_priority():
         assert ray.get(actor.of_this_process.remote(), timeout=60) == os.getpriority(os.PRIO_PROCESS, 0)
     finally:
         ray.shutdown()
+
+
+def listening_beyond_loopback(pids: set[int]) -> list[str]:
+    """Each LISTEN socket of `pids` bound to an address other than the loopback one: 'process address:port'."""
+    found = []
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.status != psutil.CONN_LISTEN or conn.pid not in pids:
+            continue
+        address = ipaddress.ip_address(conn.laddr.ip.split("%")[0])
+        mapped = getattr(address, "ipv4_mapped", None)
+        if not (mapped or address).is_loopback:
+            found.append(f"{psutil.Process(conn.pid).name()} {conn.laddr.ip}:{conn.laddr.port}")
+    return found
+
+
+@pytest.mark.ray
+def test_a_local_run_listens_on_the_loopback_address_only(tmp_path):
+    seen = {}
+
+    def after_step(step, metrics, actors):  # the whole cluster is up: GCS, raylet, agents, every actor
+        me = psutil.Process()
+        pids = {me.pid} | {child.pid for child in me.children(recursive=True)}
+        seen[step] = (len(pids), listening_beyond_loopback(pids))
+
+    run_training(config(tmp_path / "run", ["total_steps=1", "checkpoint_every=0"]), on_step_end=after_step)
+    processes, exposed = seen[0]
+    assert processes > 5 and exposed == []
 
 
 @pytest.mark.parametrize("error", [PermissionError(13, "Permission denied", "/runs/x/metrics.jsonl"),
