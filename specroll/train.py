@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from typing import NamedTuple
 import hydra
 import ray
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
@@ -50,6 +52,7 @@ from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_
 from specroll.preflight import preflight
 from specroll.run_dir import CHECKPOINTS, CONFIG_NAME, write_run_token
 from specroll.run_owner import Owner, RunDirOwnedError, heartbeat, release_ownership, take_ownership
+from specroll.stops import RunStopped, StopSignals
 from specroll.storage import write_atomically
 from specroll.telemetry import (
     MetricsLogger,
@@ -97,6 +100,9 @@ class Run:
     last_checkpoint: str | None = None  # the newest one written or resumed from
     held_out: list[Problem] | None = None  # the problems `eval_every` evaluates on; None without
     last_eval: str | None = None  # the newest evaluation's file of this launch
+    stops: StopSignals | None = None  # turns SIGTERM and SIGINT into `RunStopped` (`specroll.stops`)
+    step: int | None = None  # the step under way, and its phase (`STEP_PHASES`), for a stop to name
+    phase: str | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -147,19 +153,29 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
 
     `on_step_end(step, metrics, actors)` runs after each step (its metrics logged, its checkpoint
     saved), and `on_phase(step, phase, actors)` as each of `STEP_PHASES` begins (notebooks, tests:
-    the fault tests kill an actor there).
+    the fault tests kill an actor there). SIGTERM and SIGINT end the run at once (`specroll.stops`:
+    a checkpoint being saved is finished first) with `RunStopped`, once the run is torn down.
     """
     run = Run(cfg)
-    try:
-        prepare(run)
-        steps = train_loop(run, on_step_end, on_phase)
-        return report(run, steps)
-    except (ActorFailedError, ClusterLostError) as exc:
-        if run.logger is None:  # failed while starting: nothing ran that a resume would continue
-            raise
-        raise type(exc)(f"{exc}\n  {resume_advice(run.checkpoints)}") from exc
-    finally:
-        teardown(run)
+    with StopSignals() as run.stops:
+        try:
+            prepare(run)
+            steps = train_loop(run, on_step_end, on_phase)
+            return report(run, steps)
+        except (ActorFailedError, ClusterLostError) as exc:
+            if run.logger is None:  # failed while starting: nothing ran that a resume would continue
+                raise
+            raise type(exc)(f"{exc}\n  {resume_advice(run.checkpoints)}") from exc
+        except KeyboardInterrupt:
+            if run.stops.received is None:  # Ctrl-C outside the main thread's handlers
+                raise
+            stop = RunStopped(run.stops.received)
+            if run.step is not None:
+                stop.where = f"during step {run.step} ({run.phase})"
+            stop.checkpoint = latest_checkpoint(run.checkpoints)
+            raise stop from None
+        finally:
+            teardown(run)
 
 
 def prepare(run: Run) -> None:
@@ -175,7 +191,8 @@ def prepare(run: Run) -> None:
     resume_from = checkpoint_to_resume(cfg, run.checkpoints)
     save_resolved_config(cfg, run.run_dir)
     token = write_run_token(run.run_dir)
-    run.started_ray = connect_ray(cfg.cluster)
+    with run.stops.around_ray_init():
+        run.started_ray = connect_ray(cfg.cluster)
     run.actors = RunActors.start(cfg)
     run.actors.check_run_dir(cfg.run_dir, token)
     resumed = run.actors.restore(str(resume_from)) if resume_from is not None else None
@@ -204,6 +221,8 @@ def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | N
     cfg, actors, steps = run.cfg, run.actors, []
 
     def phase(step: int, name: str) -> None:
+        if step == run.step:
+            run.phase = name
         if on_phase is not None:
             on_phase(step, name, actors)
 
@@ -214,7 +233,7 @@ def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | N
         launched = None  # the next step's rollouts, when launched early (overlap)
         checkpoint_s = 0.0  # saving the checkpoint after the previous step
         for step in range(run.first_step, cfg.total_steps):
-            started = time.perf_counter()
+            run.step, run.phase, started = step, WEIGHT_SYNC, time.perf_counter()
             current = launched if launched is not None else start_rollouts(run, step, phase)
             launched = None
             phase(step, GENERATE)
@@ -263,8 +282,10 @@ def save_if_due(run: Run, step: int, data_position: dict) -> float:
     if not checkpoint_due(cfg, step):
         return 0.0
     started = time.perf_counter()
-    run.last_checkpoint = run.actors.save(str(run.checkpoints), step + 1, data_position, run.logger.run_id,
-                                          cfg.to_dict(), cfg.keep_last)
+    with run.stops.deferred():  # a stop lets the save finish: the run ends on a complete checkpoint
+        run.last_checkpoint = run.actors.save(str(run.checkpoints), step + 1, data_position, run.logger.run_id,
+                                              cfg.to_dict(), cfg.keep_last)
+        run.phase = f"{SAVE}d checkpoint {Path(run.last_checkpoint).name}"
     return time.perf_counter() - started
 
 
@@ -508,7 +529,19 @@ def main(hydra_cfg: DictConfig) -> None:
         cfg = load_train_config(hydra_cfg)
         check_runnable(cfg)
     with errors_as_messages("error"):
-        print(describe(run_training(cfg)), flush=True)
+        try:
+            summary = run_training(cfg)
+        except RunStopped as stop:
+            stop.command = resume_command(HydraConfig.get().overrides.task)
+            print(stop, file=sys.stderr, flush=True)
+            raise SystemExit(stop.exit_code) from None
+        print(describe(summary), flush=True)
+
+
+def resume_command(overrides: list[str]) -> str:
+    """This launch's command line with resume=auto in place of any resume override."""
+    kept = [o for o in overrides if not o.lstrip("+~").startswith("resume=")]
+    return shlex.join(["python", "-m", "specroll.train", *kept, "resume=auto"])
 
 
 def refuse_renamed(overrides: list[str]) -> None:
