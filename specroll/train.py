@@ -45,6 +45,7 @@ from specroll.actors.local_cluster import start_local_cluster
 from specroll.actors.placement import local_resources
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.configs.renames import renamed_overrides
+from specroll.configs.resume_changes import check_resume_changes
 from specroll.data import Problem, PromptStream
 from specroll.eval.evaluation import EvalReport, eval_plan
 from specroll.eval.held_out import load_held_out
@@ -180,8 +181,9 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
 
 def prepare(run: Run) -> None:
     """Everything before the first step: every input checked (before anything is written), the
-    run_dir's ownership (refused while another launch holds it), the checkpoint to resume, the saved config and run token, Ray, the
-    actors (the model staged once for all of them, each seeing the run_dir), the restored state and the logger."""
+    run_dir's ownership (refused while another launch holds it), the checkpoint to resume (and what this
+    launch would change of it: `resume_changes`), the saved config and run token, Ray, the actors (the
+    model staged once for all of them, each seeing the run_dir), the restored state and the logger."""
     check_runnable(run.cfg)
     inputs = preflight(run.cfg)
     run.cfg = cfg = inputs.cfg  # run_dir and local paths absolute, for every actor on every node
@@ -189,6 +191,8 @@ def prepare(run: Run) -> None:
         run.held_out = load_held_out(cfg.data, cfg.eval)
     run.owner = take_ownership(run.run_dir)
     resume_from = checkpoint_to_resume(cfg, run.checkpoints)
+    if resume_from is not None:
+        check_resume_changes(cfg.to_dict(), resume_from, run.run_dir, cfg.resume_allow_changes)
     save_resolved_config(cfg, run.run_dir)
     token = write_run_token(run.run_dir)
     with run.stops.around_ray_init():
