@@ -5,16 +5,21 @@ is safe to change goes through with one line; and an allowed learning rate is th
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import ray
+import torch
 from hydra import compose, initialize_config_dir
 
 from specroll.configs import TrainConfig, load_train_config
 from specroll.configs.resume_changes import RULES, check_resume_changes, leaves
+from specroll.learner import GRPOLearner, GRPOSamples, LearnerConfig, load_checkpoint, save_checkpoint
 from specroll.learner.checkpoint import STATE_FILE, CompletionMarker, file_records
+from specroll.learner.grpo_learner import lr_multiplier
 from specroll.learner.lineage import COMPLETE_MARKER
+from specroll.models import build_tiny_model
 from specroll.telemetry import metric_names as m
 from specroll.train import run_training
 
@@ -115,3 +120,24 @@ def test_an_allowed_learning_rate_is_the_one_the_optimizer_uses_after_resume(tmp
     assert summary.first_step == 1 and summary.metrics[m.LR] == pytest.approx(5e-4)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [(row["step"], row[m.LR]) for row in rows] == [(0, pytest.approx(1e-4)), (1, pytest.approx(5e-4))]
+
+
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_a_loaded_learner_takes_its_configs_optimizer_settings_at_the_checkpoints_schedule_position(tmp_path, zero_stage):
+    cfg = LearnerConfig(zero_stage=zero_stage, lr=1e-2, warmup_steps=3, micro_batch_tokens=16, device="cpu")
+    samples = GRPOSamples([[3, 4], [5, 6, 7]], [[8, 9], [10]], torch.tensor([1.0, -1.0]))
+    learner = GRPOLearner(build_tiny_model(), cfg)
+    learner.update(samples)
+    saved = save_checkpoint(learner, tmp_path, step=1)
+    changed = replace(cfg, lr=5e-3, betas=(0.8, 0.99), weight_decay=0.1)
+    resumed = GRPOLearner(build_tiny_model(), changed)
+    load_checkpoint(resumed, saved)
+    steps = resumed.engine.lr_scheduler.last_epoch
+    assert steps == 1 and resumed.engine.get_lr()[0] == pytest.approx(1e-2 * lr_multiplier(steps, cfg))  # the checkpoint's
+    resumed.apply_optimizer_settings()
+    assert resumed.engine.get_lr()[0] == pytest.approx(5e-3 * lr_multiplier(steps, changed))
+    groups = resumed.engine.optimizer.param_groups
+    assert all(g["betas"] == (0.8, 0.99) and g["weight_decay"] == 0.1 for g in groups)
+    metrics = resumed.update(samples)  # the next step runs at the config's rate, one schedule step on
+    assert metrics[m.LR] == pytest.approx(5e-3 * lr_multiplier(steps, changed))
+    assert resumed.engine.get_lr()[0] == pytest.approx(5e-3 * lr_multiplier(steps + 1, changed))
