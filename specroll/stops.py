@@ -21,7 +21,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class RunStopped(BaseException):
-    """The run ended on a stop signal, torn down; a BaseException, like KeyboardInterrupt: no `except Exception` holds it up."""
+    """The run ended on a stop signal, and is torn down. A BaseException, like KeyboardInterrupt: no
+    `except Exception` holds it up."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -40,7 +41,8 @@ class RunStopped(BaseException):
 
     def __str__(self) -> str:
         if self.checkpoint is None:
-            return f"stopped by {self.name} {self.where}; no checkpoint was completed yet, so a rerun starts from step 0"
+            return (f"stopped by {self.name} {self.where}; no checkpoint was completed yet, so a rerun starts "
+                    "from step 0")
         return (f"stopped by {self.name} {self.where}; the last complete checkpoint is {self.checkpoint}; "
                 f"to continue from it: {self.command}")
 

@@ -123,7 +123,7 @@ def test_an_allowed_learning_rate_is_the_one_the_optimizer_uses_after_resume(tmp
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1])
-def test_a_loaded_learner_takes_its_configs_optimizer_settings_at_the_checkpoints_schedule_position(tmp_path, zero_stage):
+def test_a_loaded_learner_takes_its_configs_optimizer_settings_at_its_schedule_position(tmp_path, zero_stage):
     cfg = LearnerConfig(zero_stage=zero_stage, lr=1e-2, warmup_steps=3, micro_batch_tokens=16, device="cpu")
     samples = GRPOSamples([[3, 4], [5, 6, 7]], [[8, 9], [10]], torch.tensor([1.0, -1.0]))
     learner = GRPOLearner(build_tiny_model(), cfg)
@@ -133,7 +133,8 @@ def test_a_loaded_learner_takes_its_configs_optimizer_settings_at_the_checkpoint
     resumed = GRPOLearner(build_tiny_model(), changed)
     load_checkpoint(resumed, saved)
     steps = resumed.engine.lr_scheduler.last_epoch
-    assert steps == 1 and resumed.engine.get_lr()[0] == pytest.approx(1e-2 * lr_multiplier(steps, cfg))  # the checkpoint's
+    assert steps == 1  # the checkpoint's rate, until applied:
+    assert resumed.engine.get_lr()[0] == pytest.approx(1e-2 * lr_multiplier(steps, cfg))
     resumed.apply_optimizer_settings()
     assert resumed.engine.get_lr()[0] == pytest.approx(5e-3 * lr_multiplier(steps, changed))
     groups = resumed.engine.optimizer.param_groups

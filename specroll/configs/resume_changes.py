@@ -36,8 +36,9 @@ def kind(kind_of: str, section: str, names: str) -> dict[str, str]:
 
 # Every field of TrainConfig by dotted path (tests/test_config.py checks that none is missing).
 RULES: dict[str, str] = {
-    **kind(CHANGES_RUN, "model", "name tokenizer dtype"),  # the checkpoint's weights, read through another model's tokenizer
-    **kind(SAFE, "model", "device"),
+    # The checkpoint's weights are trained on, read through model.name's tokenizer at model.dtype.
+    **kind(CHANGES_RUN, "model", "name tokenizer dtype"),
+    **kind(SAFE, "model", "device cache_dir"),
     **kind(CHANGES_RUN, "data", "name path subset split limit instruction prompts_per_step shuffle long_prompts"),
     **kind(CHANGES_RUN, "data.records", "question answer answer_format level_field levels"),
     **kind(CHANGES_RUN, "data.synthetic", "num_problems min_steps max_steps max_operand max_factor max_value "
@@ -71,14 +72,15 @@ RULES: dict[str, str] = {
     **kind(CHANGES_RUN, "learner", "lr weight_decay betas adam_eps warmup_steps lr_schedule min_lr_ratio total_steps "
                                    "grad_clip ppo_epochs mini_batch_size max_response_len max_seq_len "
                                    "on_invalid_reward scale_advantages_by_std temperature use_reference seed"),
-    **kind(SAFE, "learner", "micro_batch_tokens activation_checkpointing device"),  # memory and speed, same gradient
+    # Memory, speed and waits: the same gradient.
+    **kind(SAFE, "learner", "micro_batch_tokens activation_checkpointing device collective_timeout_s"),
     **kind(CHANGES_RUN, "learner.loss", "clip_low clip_high dual_clip log_ratio_clamp kl_coef kl_estimator "
                                         "aggregation mask_truncated"),
     **kind(FIXED, "cluster", "learner_world_size"),  # one saved state per learner rank
     **kind(CHANGES_RUN, "cluster", "overlap"),  # one step off-policy or not
     **kind(SAFE, "cluster", "num_rollout_actors cpus_per_rollout_actor gpus_per_rollout_actor cpus_per_learner "
                             "gpus_per_learner gpus_per_consolidation_actor ray_address remote_timeout_s phase_threads "
-                            "rollout_resources learner_resources consolidation_resources"),
+                            "master_port_range rollout_resources learner_resources consolidation_resources"),
     **kind(SAFE, "logger", "backend mode project entity run_name jsonl console rollouts"),
     **kind(SAFE, "eval", "split path limit samples k batch_size seed before_training"),
     **kind(CHANGES_RUN, "", "seed"),
@@ -142,7 +144,8 @@ def check_resume_changes(current: dict[str, Any], checkpoint: Path, run_dir: Pat
     for path in changed:
         rule, values = RULES[path], f"{then[path]!r} -> {now[path]!r}"
         if rule == SAFE or (rule == CHANGES_RUN and is_allowed(path, allowed)):
-            log.info("resume: %s %s (%s)", path, values, "safe to change" if rule == SAFE else f"allowed by {ALLOW_FIELD}")
+            why = "safe to change" if rule == SAFE else f"allowed by {ALLOW_FIELD}"
+            log.info("resume: %s %s (%s)", path, values, why)
         elif MIRRORS.get(path) not in changed:
             refused.append(path)
     if not refused:
