@@ -48,7 +48,8 @@ def preflight(cfg: TrainConfig) -> CheckedInputs:
     found = run_dir_problems(run_dir, run_dir / CHECKPOINTS)
     problems = read_problems(cfg, found)
     context = model_context(cfg, found)
-    tokenizer = read_tokenizer(cfg, found)
+    # A real model's tokenizer comes from model.name too: one that cannot be read is named once.
+    tokenizer = read_tokenizer(cfg, found) if context is not None or cfg.model.tiny_type is not None else None
     if problems and context is not None and tokenizer is not None:
         problems = fitting_problems(cfg, problems, tokenizer, context, found)
     if found:

@@ -17,6 +17,8 @@ from specroll.storage import bytes_under, free_bytes, write_atomically
 
 CHECKPOINTS = "checkpoints"  # under run_dir
 TOKEN_NAME = ".specroll-run"  # under run_dir: this launch's token, written by the driver
+CONFIG_NAME = "config.yaml"  # under run_dir: the resolved config of the latest launch
+LAUNCH_FILES = (CONFIG_NAME, TOKEN_NAME)  # what a launch writes into run_dir before Ray starts
 RAY_JOB_DIR_PARTS = ("runtime_resources", "working_dir_files")  # Ray's per-job working directory
 
 
@@ -31,14 +33,15 @@ def absolute_path(path: str) -> Path:
 
 def run_dir_problems(run_dir: Path, checkpoints: Path) -> list[str]:
     """What keeps `run_dir` (absolute) from holding this run: inside Ray's per-job working
-    directory, it or its checkpoints folder not writable, or too little space for its next
-    checkpoint. Writes nothing that stays."""
+    directory, it or its checkpoints folder not writable, a folder where a launch writes a file, or
+    too little space for its next checkpoint. Writes nothing that stays."""
     parts = run_dir.parts
     if any(parts[i:i + 2] == RAY_JOB_DIR_PARTS for i in range(len(parts) - 1)):
         return [f"run_dir: {run_dir} is inside Ray's per-job working directory, which the next submission "
                 "replaces (its checkpoints would be lost); set run_dir to an absolute path on storage every "
                 "node sees, e.g. run_dir=/mnt/shared/runs/NAME"]
-    problems = []
+    problems = [f"run_dir: {run_dir / name} is not a file, and a launch writes that file (remove or rename it)"
+                for name in LAUNCH_FILES if (run_dir / name).exists() and not (run_dir / name).is_file()]
     for where, folder in (("run_dir", run_dir), ("run_dir's checkpoints folder", checkpoints)):
         existing = nearest_existing(folder)
         if not existing.is_dir():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from typing import NamedTuple
 import hydra
 import ray
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
@@ -39,16 +41,19 @@ from specroll.actors import (
     Rollouts,
     RunActors,
 )
+from specroll.actors.local_cluster import start_local_cluster
 from specroll.actors.placement import local_resources
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.configs.renames import renamed_overrides
+from specroll.configs.resume_changes import check_resume_changes
 from specroll.data import Problem, PromptStream
 from specroll.eval.evaluation import EvalReport, eval_plan
 from specroll.eval.held_out import load_held_out
 from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_branch, verify_checkpoint
 from specroll.preflight import preflight
-from specroll.run_dir import CHECKPOINTS, write_run_token
+from specroll.run_dir import CHECKPOINTS, CONFIG_NAME, write_run_token
 from specroll.run_owner import Owner, RunDirOwnedError, heartbeat, release_ownership, take_ownership
+from specroll.stops import RunStopped, StopSignals
 from specroll.storage import write_atomically
 from specroll.telemetry import (
     MetricsLogger,
@@ -66,7 +71,6 @@ from specroll.telemetry.run_summary import format_summary
 from specroll.telemetry.sinks import JSONL_NAME
 
 CONF_ENV = "SPECROLL_CONF"
-CONFIG_NAME = "config.yaml"  # under run_dir: the resolved config of the latest launch
 CURVES_NAME = "run_curves.png"  # under run_dir: the run's curves, drawn at its end
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks, kept for ours
 # Errors whose message names what failed (a config field, a file or folder, the Ray address, an actor, a lost
@@ -97,6 +101,9 @@ class Run:
     last_checkpoint: str | None = None  # the newest one written or resumed from
     held_out: list[Problem] | None = None  # the problems `eval_every` evaluates on; None without
     last_eval: str | None = None  # the newest evaluation's file of this launch
+    stops: StopSignals | None = None  # turns SIGTERM and SIGINT into `RunStopped` (`specroll.stops`)
+    step: int | None = None  # the step under way, and its phase (`STEP_PHASES`), for a stop to name
+    phase: str | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -147,25 +154,36 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
 
     `on_step_end(step, metrics, actors)` runs after each step (its metrics logged, its checkpoint
     saved), and `on_phase(step, phase, actors)` as each of `STEP_PHASES` begins (notebooks, tests:
-    the fault tests kill an actor there).
+    the fault tests kill an actor there). SIGTERM and SIGINT end the run at once (`specroll.stops`:
+    a checkpoint being saved is finished first) with `RunStopped`, once the run is torn down.
     """
     run = Run(cfg)
-    try:
-        prepare(run)
-        steps = train_loop(run, on_step_end, on_phase)
-        return report(run, steps)
-    except (ActorFailedError, ClusterLostError) as exc:
-        if run.logger is None:  # failed while starting: nothing ran that a resume would continue
-            raise
-        raise type(exc)(f"{exc}\n  {resume_advice(run.checkpoints)}") from exc
-    finally:
-        teardown(run)
+    with StopSignals() as run.stops:
+        try:
+            prepare(run)
+            steps = train_loop(run, on_step_end, on_phase)
+            return report(run, steps)
+        except (ActorFailedError, ClusterLostError) as exc:
+            if run.logger is None:  # failed while starting: nothing ran that a resume would continue
+                raise
+            raise type(exc)(f"{exc}\n  {resume_advice(run.checkpoints)}") from exc
+        except KeyboardInterrupt:
+            if run.stops.received is None:  # Ctrl-C outside the main thread's handlers
+                raise
+            stop = RunStopped(run.stops.received)
+            if run.step is not None:
+                stop.where = f"during step {run.step} ({run.phase})"
+            stop.checkpoint = latest_checkpoint(run.checkpoints)
+            raise stop from None
+        finally:
+            teardown(run)
 
 
 def prepare(run: Run) -> None:
     """Everything before the first step: every input checked (before anything is written), the
-    run_dir's ownership (refused while another launch holds it), the checkpoint to resume, the saved config and run token, Ray, the
-    actors (the model staged once for all of them, each seeing the run_dir), the restored state and the logger."""
+    run_dir's ownership (refused while another launch holds it), the checkpoint to resume (and what this
+    launch would change of it: `resume_changes`), the saved config and run token, Ray, the actors (the
+    model staged once for all of them, each seeing the run_dir), the restored state and the logger."""
     check_runnable(run.cfg)
     inputs = preflight(run.cfg)
     run.cfg = cfg = inputs.cfg  # run_dir and local paths absolute, for every actor on every node
@@ -173,9 +191,12 @@ def prepare(run: Run) -> None:
         run.held_out = load_held_out(cfg.data, cfg.eval)
     run.owner = take_ownership(run.run_dir)
     resume_from = checkpoint_to_resume(cfg, run.checkpoints)
+    if resume_from is not None:
+        check_resume_changes(cfg.to_dict(), resume_from, run.run_dir, cfg.resume_allow_changes)
     save_resolved_config(cfg, run.run_dir)
     token = write_run_token(run.run_dir)
-    run.started_ray = connect_ray(cfg.cluster)
+    with run.stops.around_ray_init():
+        run.started_ray = connect_ray(cfg.cluster)
     run.actors = RunActors.start(cfg)
     run.actors.check_run_dir(cfg.run_dir, token)
     resumed = run.actors.restore(str(resume_from)) if resume_from is not None else None
@@ -204,6 +225,8 @@ def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | N
     cfg, actors, steps = run.cfg, run.actors, []
 
     def phase(step: int, name: str) -> None:
+        if step == run.step:
+            run.phase = name
         if on_phase is not None:
             on_phase(step, name, actors)
 
@@ -214,7 +237,7 @@ def train_loop(run: Run, on_step_end: Callable[[int, dict, RunActors], None] | N
         launched = None  # the next step's rollouts, when launched early (overlap)
         checkpoint_s = 0.0  # saving the checkpoint after the previous step
         for step in range(run.first_step, cfg.total_steps):
-            started = time.perf_counter()
+            run.step, run.phase, started = step, WEIGHT_SYNC, time.perf_counter()
             current = launched if launched is not None else start_rollouts(run, step, phase)
             launched = None
             phase(step, GENERATE)
@@ -263,8 +286,10 @@ def save_if_due(run: Run, step: int, data_position: dict) -> float:
     if not checkpoint_due(cfg, step):
         return 0.0
     started = time.perf_counter()
-    run.last_checkpoint = run.actors.save(str(run.checkpoints), step + 1, data_position, run.logger.run_id,
-                                          cfg.to_dict(), cfg.keep_last)
+    with run.stops.deferred():  # a stop lets the save finish: the run ends on a complete checkpoint
+        run.last_checkpoint = run.actors.save(str(run.checkpoints), step + 1, data_position, run.logger.run_id,
+                                              cfg.to_dict(), cfg.keep_last)
+        run.phase = f"{SAVE}d checkpoint {Path(run.last_checkpoint).name}"
     return time.perf_counter() - started
 
 
@@ -393,7 +418,8 @@ def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
 
 
 def connect_ray(cluster: ClusterSection) -> bool:
-    """Join `cluster.ray_address` (or the job's $RAY_ADDRESS), or start a local cluster; True if started here."""
+    """Join `cluster.ray_address` (or the job's $RAY_ADDRESS), or start a local cluster on the loopback
+    address (`start_local_cluster`); True if started here."""
     if ray.is_initialized():
         return False
     address = cluster.ray_address or os.environ.get("RAY_ADDRESS")
@@ -412,10 +438,7 @@ def connect_ray(cluster: ClusterSection) -> bool:
                          f"this machine has {torch.cuda.device_count()}")
     cpus = c.num_rollout_actors * c.cpus_per_rollout_actor + c.learner_world_size * c.cpus_per_learner
     # Ray's CPUs are bookkeeping: a laptop with fewer cores still runs the config, just slower.
-    # address="local": a cluster of this run's own, even where another one runs on this machine.
-    # worker_niceness 0: Ray's default (15) lets any other busy process starve the actors doing the run's work.
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), resources=local_resources(c),
-             include_dashboard=False, _system_config={"worker_niceness": 0})
+    start_local_cluster(max(os.cpu_count() or 1, math.ceil(cpus)), local_resources(c))
     return True
 
 
@@ -510,7 +533,19 @@ def main(hydra_cfg: DictConfig) -> None:
         cfg = load_train_config(hydra_cfg)
         check_runnable(cfg)
     with errors_as_messages("error"):
-        print(describe(run_training(cfg)), flush=True)
+        try:
+            summary = run_training(cfg)
+        except RunStopped as stop:
+            stop.command = resume_command(HydraConfig.get().overrides.task)
+            print(stop, file=sys.stderr, flush=True)
+            raise SystemExit(stop.exit_code) from None
+        print(describe(summary), flush=True)
+
+
+def resume_command(overrides: list[str]) -> str:
+    """This launch's command line with resume=auto in place of any resume override."""
+    kept = [o for o in overrides if not o.lstrip("+~").startswith("resume=")]
+    return shlex.join(["python", "-m", "specroll.train", *kept, "resume=auto"])
 
 
 def refuse_renamed(overrides: list[str]) -> None:

@@ -139,6 +139,8 @@ def test_activation_checkpointing_is_off_on_cpus_and_on_in_the_gpu_preset():
         (["data=math", "data.path=/nonexistent/math.parquet"], "data.path: file not found: /nonexistent/math.parquet"),
         (["learner.lr=abc"], "learner.lr must be a number, got 'abc'"),
         (["rollout.n=1"], "rollout.n must be >= 2"),
+        (["rollout.n=0"], "rollout.n must be >= 2: GRPO advantages compare the responses to one prompt, got 0"),
+        (["rollout.temperature=nan"], "rollout.temperature must be a finite number > 0"),
         (["rollout.sync_every=0"], "rollout.sync_every must be >= 1"),
         (["rollout.temperature=0"], "rollout.temperature must be > 0"),
         (["rollout.mode=turbo"], "rollout.mode must be one of 'vanilla', 'speculation', 'fastgrpo'"),

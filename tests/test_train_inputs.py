@@ -2,7 +2,8 @@
 fails before Ray or any model starts, in one message naming the file, line or field, leaving an
 existing run_dir byte for byte as it was and nothing in the launch directory; long prompts can be
 dropped instead, with a count. A run_dir another live launch owns is refused the same way. And the local cluster a run starts for itself gives its actors the
-driver's CPU priority."""
+driver's CPU priority and listens on the loopback address only."""
+import ipaddress
 import json
 import logging
 import os
@@ -13,6 +14,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 import ray
 from hydra import compose, initialize_config_dir
@@ -215,6 +217,25 @@ def test_a_name_found_neither_here_nor_on_the_hub_fails_at_once(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no run_dir, no Ray session, nothing of Hydra's
 
 
+def test_an_unknown_model_is_named_once(tmp_path):
+    result = train_in_subprocess(tmp_path, ["run_dir=run", "model.name=org/no-such-model", "model.tokenizer=null"],
+                                 HF_HUB_OFFLINE="1")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: the run cannot start: model.name: unknown model 'org/no-such-model'")
+    assert result.stderr.count("unknown model") == 1
+
+
+def test_a_folder_where_the_run_token_goes_is_named_before_anything_is_written(tmp_path):
+    run_dir = earlier_run(tmp_path)
+    (run_dir / ".specroll-run").mkdir()
+    before = contents(run_dir)
+    message = fails_before_start(config(run_dir, []))
+    assert message == (f"the run cannot start: run_dir: {run_dir / '.specroll-run'} is not a file, and a launch "
+                       "writes that file (remove or rename it)")
+    assert contents(run_dir) == before  # config.yaml as the earlier launch left it
+
+
 def test_a_run_dir_a_live_launch_owns_is_refused_naming_it_before_anything_is_written(tmp_path):
     run_dir = earlier_run(tmp_path)
     owner = take_ownership(run_dir)  # as the live launch holds it: this process is that launch
@@ -277,6 +298,33 @@ def test_a_run_started_cluster_runs_its_actors_at_the_drivers_priority():
         assert ray.get(actor.of_this_process.remote(), timeout=60) == os.getpriority(os.PRIO_PROCESS, 0)
     finally:
         ray.shutdown()
+
+
+def listening_beyond_loopback(pids: set[int]) -> list[str]:
+    """Each LISTEN socket of `pids` bound to an address other than the loopback one: 'process address:port'."""
+    found = []
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.status != psutil.CONN_LISTEN or conn.pid not in pids:
+            continue
+        address = ipaddress.ip_address(conn.laddr.ip.split("%")[0])
+        mapped = getattr(address, "ipv4_mapped", None)
+        if not (mapped or address).is_loopback:
+            found.append(f"{psutil.Process(conn.pid).name()} {conn.laddr.ip}:{conn.laddr.port}")
+    return found
+
+
+@pytest.mark.ray
+def test_a_local_run_listens_on_the_loopback_address_only(tmp_path):
+    seen = {}
+
+    def after_step(step, metrics, actors):  # the whole cluster is up: GCS, raylet, agents, every actor
+        me = psutil.Process()
+        pids = {me.pid} | {child.pid for child in me.children(recursive=True)}
+        seen[step] = (len(pids), listening_beyond_loopback(pids))
+
+    run_training(config(tmp_path / "run", ["total_steps=1", "checkpoint_every=0"]), on_step_end=after_step)
+    processes, exposed = seen[0]
+    assert processes > 5 and exposed == []
 
 
 @pytest.mark.parametrize("error", [PermissionError(13, "Permission denied", "/runs/x/metrics.jsonl"),

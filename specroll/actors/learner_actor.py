@@ -157,4 +157,6 @@ class LearnerActor(SeesRunDir):
     def restore(self, path: str) -> ResumeState:
         """Load a checkpoint into this rank; returns what the driver resumes from."""
         # The driver verified the files against the marker before starting us: hashing is not repeated per rank.
-        return load_checkpoint(self.learner, Path(path), verify=False)
+        resumed = load_checkpoint(self.learner, Path(path), verify=False)
+        self.learner.apply_optimizer_settings()  # a change resume_allow_changes let through takes effect
+        return resumed

@@ -258,9 +258,11 @@ class RolloutSection:
         check_choice("mode", self.mode, ROLLOUT_MODES)
         if self.temperature == 0:
             raise ValueError("temperature must be > 0: greedy responses of a group are all alike, so GRPO learns nothing")
-        self.sampling_params(seed=0)  # SamplingParams checks the sampling fields
-        if self.n < 2:
+        check_number("temperature", self.temperature, 0.0, low_inclusive=False)
+        # Before SamplingParams, whose own rule (n >= 1) is not GRPO's.
+        if isinstance(self.n, int) and self.n < 2:
             raise ValueError(f"n must be >= 2: GRPO advantages compare the responses to one prompt, got {self.n}")
+        self.sampling_params(seed=0)  # SamplingParams checks the sampling fields
         if self.sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {self.sync_every}")
 

@@ -19,6 +19,7 @@ from specroll.learner import MIN_KEEP_LAST, LearnerConfig
 from specroll.models.loading import ALIASES, alias_path
 from specroll.telemetry.config import LoggerSection
 
+from .resume_changes import check_allow_list
 from .sections import TINY_PREFIX, ClusterSection, DataSection, EvalSection, ModelSection, RolloutSection, check_int
 from .typed import build_dataclass
 
@@ -46,6 +47,9 @@ class TrainConfig:
     eval_every: int = 0
     keep_last: int = 3  # complete checkpoints kept (>= 2: one to fall back to); older ones are deleted
     resume: str = "auto"  # auto: newest checkpoint in run_dir if any; never: start fresh; or a checkpoint path
+    # fields (or sections) a resume may change that change the run (learner.lr, seed, data, ...): see
+    # specroll/configs/resume_changes.py; others of that kind are refused naming both values
+    resume_allow_changes: list[str] = field(default_factory=list)
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl and wandb/ go here; relative to the launch directory
 
     def __post_init__(self) -> None:
@@ -57,6 +61,7 @@ class TrainConfig:
         check_int("eval_every", self.eval_every, 0)
         if not self.resume:
             raise ValueError("resume must be 'auto', 'never' or a checkpoint path")
+        check_allow_list(self.resume_allow_changes)
         if not self.run_dir:
             raise ValueError("run_dir must be a non-empty path")
         self.check_sections_agree()

@@ -147,6 +147,16 @@ class GRPOLearner:
     def module(self) -> CausalLM:
         return self.engine.module
 
+    def apply_optimizer_settings(self) -> None:
+        """`cfg`'s learning rate, betas, epsilon and weight decay in the optimizer, over those a loaded
+        checkpoint restored: its schedule position is kept, the rate it scales is the config's."""
+        cfg, scheduler = self.cfg, self.engine.lr_scheduler
+        scheduler.base_lrs = [cfg.lr for _ in scheduler.base_lrs]
+        for group in self.engine.optimizer.param_groups:
+            group.update(lr=cfg.lr * lr_multiplier(scheduler.last_epoch, cfg), initial_lr=cfg.lr,
+                         betas=tuple(cfg.betas), eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        scheduler._last_lr = [group["lr"] for group in self.engine.optimizer.param_groups]
+
     def build_samples(
         self,
         prompt_ids: list[list[int]],
