@@ -273,9 +273,14 @@ class ClusterSection:
     rollout_resources: dict[str, float] = field(default_factory=dict)
     learner_resources: dict[str, float] = field(default_factory=dict)  # each learner rank's
     consolidation_resources: dict[str, float] = field(default_factory=dict)  # the head-consolidation actor's
+    # GiB of memory per GPU (80 for an 80 GB A100 / H100): `python -m specroll.plan` and preflight
+    # refuse a run whose actors need more on any GPU; null = no check (CPU runs)
+    gpu_memory_gb: float | None = None
 
     def __post_init__(self) -> None:
         check_int("num_rollout_actors", self.num_rollout_actors, 1)
+        if self.gpu_memory_gb is not None:
+            check_number("gpu_memory_gb", self.gpu_memory_gb, 0.0, low_inclusive=False)
         check_int("learner_world_size", self.learner_world_size, 1)
         for name in ("cpus_per_rollout_actor", "cpus_per_learner"):
             check_number(name, getattr(self, name), 0.0, low_inclusive=False)
