@@ -83,44 +83,33 @@ def test_model_states_match_deepspeeds_estimators(name, world):
 
 
 MEASURE = """
-import json, resource, sys, psutil, torch
-from specroll.learner.logprobs import sequence_logprobs
-from specroll.models import CausalLM
-from specroll.models.config import ModelConfig
-torch.manual_seed(0)
-shape, dtype, checkpointing, rows, seq, resp = json.loads(sys.argv[1])
-model = CausalLM(ModelConfig(**shape)).to(getattr(torch, dtype)).use_activation_checkpointing(checkpointing)
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
-ids = torch.randint(0, shape["vocab_size"], (rows, seq))
-prompt_lens, response_lens = torch.full((rows,), seq - resp), torch.full((rows,), resp)
-before = psutil.Process().memory_info().rss
-for _ in range(2):  # the second step runs with the optimizer's moments alive, as every later one
-    out = sequence_logprobs(model, ids, prompt_lens, response_lens, 1.0, with_entropy=True)
-    (-out.logprobs.sum() / 1000).backward()
-    optimizer.step()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+import json, sys, torch
+from specroll.benchmarks.gpu_check import tiny_config_for_check
+from specroll.benchmarks.learner_memory import TINY_BATCH, learner_step_memory
+dtype, checkpointing = json.loads(sys.argv[1])
+print(json.dumps(learner_step_memory(tiny_config_for_check(), dtype, torch.device("cpu"), TINY_BATCH, checkpointing)))
 """
+HONEST_RSS = {"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "2"}
 
 
 @pytest.mark.parametrize("dtype,checkpointing", [("bfloat16", True), ("bfloat16", False), ("float32", True)])
 def test_planned_learner_step_matches_measured_cpu_memory(dtype, checkpointing):
-    """Peak RSS of a fresh process over two plain-torch GRPO steps, less its RSS before them; glibc
-    serves every allocation over 64 KiB by mmap (MALLOC_MMAP_THRESHOLD_), so RSS follows what torch holds."""
-    shape = dict(vocab_size=8192, hidden_size=256, intermediate_size=704, num_layers=8, num_heads=8, num_kv_heads=2,
-                 head_dim=32, max_position_embeddings=1024)
-    rows, seq, resp = 8, 512, 448
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "2"}
-    out = subprocess.run([sys.executable, "-c", MEASURE, json.dumps([shape, dtype, checkpointing, rows, seq, resp])],
-                         env=env, capture_output=True, text=True, check=True)
-    measured = int(out.stdout.split()[-1])
-    from specroll.models.config import ModelConfig
-    from specroll.plan.planner import backward_peak
-    s, b = ModelShape.of(ModelConfig(**shape)), 2 if dtype == "bfloat16" else 4
-    tokens = rows * seq
-    # the planner's single-rank terms, plain torch AdamW: moments in the weights' dtype
-    predicted = (b * s.params + 2 * b * s.params + activations(s, tokens, b, checkpointing)
-                 + backward_peak(s, tokens, b, checkpointing).bytes)
-    assert predicted == pytest.approx(measured, rel=0.2)
+    """Peak RSS of a fresh process over its second plain-torch GRPO step (8 layers, 4096 tokens), less
+    its RSS before (the weights); glibc maps every allocation over 64 KiB, so RSS follows what torch holds."""
+    out = subprocess.run([sys.executable, "-c", MEASURE, json.dumps([dtype, checkpointing])],
+                         env={**os.environ, **HONEST_RSS}, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["planned_above_weights_gib"] == pytest.approx(result["measured_above_weights_gib"], rel=0.2)
+
+
+def test_gpu_check_learner_runs_on_a_cpu_and_writes_its_json(tmp_path: Path):
+    out = tmp_path / "learner.json"
+    subprocess.run([sys.executable, "-m", "specroll.benchmarks.gpu_check", "--learner", "--dry-run", "--device", "cpu",
+                    "--json", str(out)], env={**os.environ, **HONEST_RSS}, check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    assert result["activation_checkpointing"] and result["cpu_rss_honest"]
+    assert 0.8 <= result["planned_over_measured"] <= 1.25
+    assert set(result["planned_terms_gib"]) == {"weights", "gradients", "optimizer states", "activations", "backward peak"}
 
 
 @pytest.mark.parametrize("preset", PRESETS)

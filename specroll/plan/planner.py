@@ -162,12 +162,14 @@ def learner_terms(cfg, shape: ModelShape, on_gpu: bool) -> list[Term]:
     return terms
 
 
-def backward_peak(shape: ModelShape, tokens: int, b: int, checkpointing: bool) -> Term:
-    """The larger of the two moments a backward peaks at: the logits and their gradient (up to every
-    padded position predicts a response token), or later one layer's backward."""
-    head, layer = logits(tokens, shape.vocab, b), layer_backward(shape, tokens, b, checkpointing)
+def backward_peak(shape: ModelShape, tokens: int, b: int, checkpointing: bool, positions: int | None = None) -> Term:
+    """The larger of the two moments a backward peaks at: the logits and their gradient at
+    `positions` (default: every padded token predicts a response token, the most there can be),
+    or later one layer's backward."""
+    positions = tokens if positions is None else positions
+    head, layer = logits(positions, shape.vocab, b), layer_backward(shape, tokens, b, checkpointing)
     if head >= layer:
-        return Term(LOGITS, head, f"{tokens} positions x {shape.vocab} vocab (later, one layer's backward: "
+        return Term(LOGITS, head, f"{positions} positions x {shape.vocab} vocab (later, one layer's backward: "
                                   f"{layer / GIB:.1f} GiB)")
     return Term(LAYER_BACKWARD, layer, f"{tokens} tokens (earlier, the logits: {head / GIB:.1f} GiB)")
 
