@@ -112,6 +112,57 @@ def test_gpu_check_learner_runs_on_a_cpu_and_writes_its_json(tmp_path: Path):
     assert set(result["planned_terms_gib"]) == {"weights", "gradients", "optimizer states", "activations", "backward peak"}
 
 
+GENERATE = """
+import json, resource, sys, psutil, torch
+from specroll.benchmarks.gpu_check import tiny_config_for_check
+from specroll.models import CausalLM, load_causal_lm
+from specroll.rollout import RolloutEngine, SamplingParams
+which, prompts, prompt_len, n, new = json.loads(sys.argv[1])
+if which == "tiny":
+    torch.manual_seed(0)
+    model = CausalLM(tiny_config_for_check())
+else:
+    model, _ = load_causal_lm(which, dtype="float32", device="cpu")
+model.config.eos_token_ids = []  # every response runs to its cap
+engine = RolloutEngine(model)
+ids = [[(7 * i + j) % 1000 + 10 for j in range(prompt_len)] for i in range(prompts)]
+# A first call packs the CPU linears (a copy GPUs never make); its cache is dropped.
+engine.generate(ids[:1], SamplingParams(max_new_tokens=2, n=2, seed=0))
+engine.cache = None
+before = psutil.Process().memory_info().rss
+engine.generate(ids, SamplingParams(max_new_tokens=new, n=n, seed=0))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+"""
+
+
+def planned_generate(shape: ModelShape, prompts: int, prompt_len: int, n: int, new: int) -> float:
+    """The planner's rollout terms above the weights for one plain generate call in float32."""
+    from specroll.plan.terms import decode_step, prefill
+    rows, slots = cache_shape(prompts * n, prompt_len + new + 1)
+    return kv_cache(shape, rows, slots, 4) + max(decode_step(shape, rows, 1, slots, 4),
+                                                  prefill(shape, prompts, prompt_len, slots, 4))
+
+
+def measured_generate(which: str, *sizes: int) -> int:
+    out = subprocess.run([sys.executable, "-c", GENERATE, json.dumps([which, *sizes])],
+                         env={**os.environ, **HONEST_RSS}, capture_output=True, text=True, check=True)
+    return int(out.stdout.split()[-1])
+
+
+def test_planned_rollout_generate_matches_measured_cpu_memory():
+    from specroll.benchmarks.gpu_check import tiny_config_for_check
+    sizes = (4, 64, 8, 256)  # prompts, prompt length, responses per prompt, new tokens
+    planned = planned_generate(ModelShape.of(tiny_config_for_check()), *sizes)
+    assert planned == pytest.approx(measured_generate("tiny", *sizes), rel=0.2)
+
+
+@pytest.mark.smollm2
+def test_planned_smollm2_generate_matches_measured_cpu_memory():
+    sizes = (2, 64, 8, 128)
+    shape = model_shape(config("model=smollm2_135m").model)
+    assert planned_generate(shape, *sizes) == pytest.approx(measured_generate("smollm2-135m-instruct", *sizes), rel=0.2)
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("data", DATA)
 def test_paper_presets_fit_80_gib(preset, data):
