@@ -43,8 +43,8 @@ from specroll.speculation import shipped_heads
 from ..models import build_tiny_model, load_causal_lm, resolve_device, synchronize
 from ..models.llama import attention_bias, grouped_masked_attention
 from ..rollout import RolloutEngine, SamplingParams
-from .learner_memory import PAPER_BATCH, TINY_BATCH, learner_step_memory, paper_config
 from .floors import best_seconds, decode_step_flops, matmul_gflops, memory_bandwidth_gbs, weight_bytes_per_step
+from .learner_memory import PAPER_BATCH, TINY_BATCH, learner_step_memory, paper_config
 
 SMOLLM2 = "smollm2-135m-instruct"
 MODELS = ("smollm2", "qwen2.5-1.5b")  # the shapes the check times
