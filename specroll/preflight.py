@@ -2,9 +2,10 @@
 
 The run_dir (absolute, outside Ray's per-job working directory, it and its checkpoints folder
 writable), the problem set (readable, UTF-8, not empty, named by file and line), the model's
-limits, and every prompt's length against the token budget (`data.long_prompts`: fail names the
-first one too long, drop leaves them all out of the run). Needs the tokenizer and the model's
-config, never its weights; writes nothing.
+limits, every prompt's length against the token budget (`data.long_prompts`: fail names the
+first one too long, drop leaves them all out of the run), and the memory plan against
+`cluster.gpu_memory_gb` (`specroll.plan`). Needs the tokenizer and the model's config, never its
+weights; writes nothing.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from specroll.configs import TrainConfig, validate_against_model
 from specroll.configs.train import RESUME_MODES
 from specroll.data import Problem, load_problems
 from specroll.data.prompt_lengths import prompt_lengths, split_long_prompts
+from specroll.plan import check_fits
 from specroll.run_dir import CHECKPOINTS, absolute_path, run_dir_problems
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ def preflight(cfg: TrainConfig) -> CheckedInputs:
     tokenizer = read_tokenizer(cfg, found) if context is not None or cfg.model.tiny_type is not None else None
     if problems and context is not None and tokenizer is not None:
         problems = fitting_problems(cfg, problems, tokenizer, context, found)
+    check_memory(cfg, found)
     if found:
         raise PreflightError(found)
     return CheckedInputs(cfg, problems)
@@ -137,6 +140,16 @@ def fitting_problems(cfg: TrainConfig, problems: list[Problem], tokenizer, conte
                     "(%s less rollout.max_new_tokens (%d)); the longest: %s, %d tokens",
                     len(long), len(problems), room, budget, max_new, longest.where, longest.tokens)
     return kept
+
+
+def check_memory(cfg: TrainConfig, found: list[str]) -> None:
+    """Add to `found` why the run's actors do not fit `cluster.gpu_memory_gb`, and what fixes it."""
+    try:
+        problem = check_fits(cfg)
+    except (ValueError, OSError) as error:
+        problem = f"the memory plan cannot read model.name's architecture: {error}"
+    if problem:
+        found.append(f"cluster.gpu_memory_gb: {problem}")
 
 
 def token_budget(cfg: TrainConfig, context: int) -> tuple[str, int]:

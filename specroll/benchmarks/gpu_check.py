@@ -14,11 +14,14 @@ independent kernels launch together (inductor's combo kernels).
 On a fresh H200 each compiled shape took 1.5-2.5 minutes to compile before a model's layers
 compiled once, so the whole check ran about 10 minutes. Every compiled run compiles from a fresh
 dynamo state, each batch size too (inductor's on-disk cache shortens the repeats). `--models` orders and splits it, and `--time-budget-s` skips (and names in the JSON) whatever
-would end past the budget. `--dry-run` runs tiny models on the CPU.
+would end past the budget. `--dry-run` runs tiny models on the CPU. `--learner` instead runs one
+GRPO update of the paper's 1.5B shape and prints its peak memory against the memory planner's
+(`learner_memory.py`).
 
     python -m specroll.benchmarks.gpu_check --json gpu_check.json
     python -m specroll.benchmarks.gpu_check --models qwen2.5-1.5b smollm2 --profile --time-budget-s 420
     python -m specroll.benchmarks.gpu_check --dry-run --json /tmp/gpu_check.json
+    python -m specroll.benchmarks.gpu_check --learner --json gpu_check_learner.json
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from ..models import build_tiny_model, load_causal_lm, resolve_device, synchroni
 from ..models.llama import attention_bias, grouped_masked_attention
 from ..rollout import RolloutEngine, SamplingParams
 from .floors import best_seconds, decode_step_flops, matmul_gflops, memory_bandwidth_gbs, weight_bytes_per_step
+from .learner_memory import PAPER_BATCH, TINY_BATCH, learner_step_memory, paper_config
 
 SMOLLM2 = "smollm2-135m-instruct"
 MODELS = ("smollm2", "qwen2.5-1.5b")  # the shapes the check times
@@ -372,6 +376,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--time-budget-s", type=float, default=None,
                         help="skip (and name in the JSON) every run that would end past this many seconds, "
                              "judged by the longest run of its kind so far")
+    parser.add_argument("--learner", action="store_true",
+                        help="only one GRPO update step of the paper's 1.5B shape: peak memory against the planner's")
     parser.add_argument("--policy", default=SMOLLM2,
                         help="SmolLM2-135M-Instruct's weights: the alias, or a GGUF file / HF directory of them")
     args = parser.parse_args(argv)
@@ -382,9 +388,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def learner_check(args, device: torch.device) -> dict:
+    """`--learner`: the paper's 1.5B shape in bf16 (a tiny one in float32 for a dry run)."""
+    if args.dry_run:
+        cfg, dtype, batch = tiny_config_for_check(), "float32", TINY_BATCH
+    else:
+        cfg, dtype, batch = paper_config(), "bfloat16", PAPER_BATCH
+    result = learner_step_memory(cfg, dtype, device, batch)
+    print(f"learner step, {result['model']} {dtype} on {device}: {result['measured_above_weights_gib']:.2f} GiB measured "
+          f"above the weights, {result['planned_above_weights_gib']:.2f} GiB planned "
+          f"({result['planned_over_measured']:.2f}x)")
+    args.json.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.json}")
+    return result
+
+
+def tiny_config_for_check():
+    from ..models import tiny_config
+
+    # Large enough that the step, not the process's own allocations, sets the peak.
+    return tiny_config("qwen2", vocab_size=8192, hidden_size=256, intermediate_size=704, num_layers=8, num_heads=8,
+                       num_kv_heads=2, head_dim=32, max_position_embeddings=1024)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     device = resolve_device(args.device)
+    if args.learner:
+        return learner_check(args, device)
     bf16 = "bfloat16" if device.type == "cuda" or args.dry_run else "float32"
     small = "bfloat16" if device.type == "cuda" else "float32"
     # (case, shape) per model; tiny stand-ins for a dry run; shape None: SmolLM2's weights.

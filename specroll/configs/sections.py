@@ -318,9 +318,14 @@ class ClusterSection:
     # collective: the bytes of one bucket, in MiB (under ZeRO-3 also what each learner rank gathers
     # at once); a tensor larger than a bucket goes alone
     weight_sync_bucket_mb: float = 256.0
+    # GiB of memory per GPU (80 for an 80 GB A100 / H100): `python -m specroll.plan` and preflight
+    # refuse a run whose actors need more on any GPU; null = no check (CPU runs)
+    gpu_memory_gb: float | None = None
 
     def __post_init__(self) -> None:
         check_int("num_rollout_actors", self.num_rollout_actors, 1)
+        if self.gpu_memory_gb is not None:
+            check_number("gpu_memory_gb", self.gpu_memory_gb, 0.0, low_inclusive=False)
         check_int("learner_world_size", self.learner_world_size, 1)
         for name in ("cpus_per_rollout_actor", "cpus_per_learner"):
             check_number(name, getattr(self, name), 0.0, low_inclusive=False)
