@@ -87,7 +87,7 @@ class MemoryPlan:
     actors: list[ActorPlan]
     gpus: list[GpuPlan]
     gpu_memory: float | None  # bytes per GPU (cluster.gpu_memory_gb); None: no check
-    object_store: float  # bytes of one policy object in a node's object store (the weight sync)
+    object_store: float  # bytes of one policy object in a node's object store (weight_sync=object_store), else 0
 
     @property
     def fits(self) -> bool:
@@ -114,7 +114,8 @@ def plan_memory(cfg, shape: ModelShape) -> MemoryPlan:
         gpus = c.gpus_per_consolidation_actor
         actors.append(ActorPlan(CONSOLIDATION, 0, gpus, consolidation_terms(cfg, shape, gpus > 0)))
     gpu_memory = None if c.gpu_memory_gb is None else c.gpu_memory_gb * GIB
-    object_store = shape.params * DTYPE_BYTES[cfg.learner.dtype]
+    # The object-store sync packs the policy in the replicas' dtype; the collective one uses no object.
+    object_store = shape.params * DTYPE_BYTES[cfg.model.dtype] if cfg.cluster.weight_sync == "object_store" else 0
     return MemoryPlan(actors, place_on_gpus(actors), gpu_memory, object_store)
 
 
@@ -155,11 +156,37 @@ def learner_terms(cfg, shape: ModelShape, on_gpu: bool) -> list[Term]:
     ]
     if learner.use_reference:
         terms.append(Term(REFERENCE, shape.params * b, "a whole frozen copy per rank"))
-    if learner.zero_stage == 3:
-        terms.append(Term(WEIGHT_SYNC, shape.params * b * (1 - 1 / world), "ZeRO-3 gathers the whole policy to send it"))
+    terms += learner_sync_terms(cfg, shape, b)
     if on_gpu:
         terms.append(Term(RESERVE, CUDA_RESERVE, "CUDA context, NCCL, allocator slack"))
     return terms
+
+
+def sync_bucket(cfg, shape: ModelShape, b: int) -> int:
+    """Bytes of one weight-sync bucket of `b`-byte elements: a tensor larger than a bucket goes alone."""
+    return max(int(cfg.cluster.weight_sync_bucket_mb * 2**20), shape.largest_module_params * b)
+
+
+def learner_sync_terms(cfg, shape: ModelShape, b: int) -> list[Term]:
+    """What a learner rank holds to send the policy: by collective, a bucket in the replicas' dtype
+    (and under ZeRO-3 one bucket's parameters gathered); by the object store, ZeRO-3's whole policy."""
+    world, zero3 = cfg.cluster.learner_world_size, cfg.learner.zero_stage == 3
+    if cfg.cluster.weight_sync == "object_store":
+        if not zero3:
+            return []
+        return [Term(WEIGHT_SYNC, shape.params * b * (1 - 1 / world), "object_store: ZeRO-3 gathers the whole policy")]
+    sent = sync_bucket(cfg, shape, DTYPE_BYTES[cfg.model.dtype])
+    gathered = sync_bucket(cfg, shape, b) if zero3 else 0
+    note = "collective: one bucket to send" + (" and one bucket's parameters gathered (ZeRO-3)" if zero3 else "")
+    return [Term(WEIGHT_SYNC, sent + gathered, note)]
+
+
+def receiver_sync_terms(cfg, shape: ModelShape) -> list[Term]:
+    """A rollout or consolidation actor's receive buffer under the collective sync (none by the object store,
+    whose object lives in host memory)."""
+    if cfg.cluster.weight_sync == "object_store":
+        return []
+    return [Term(WEIGHT_SYNC, sync_bucket(cfg, shape, DTYPE_BYTES[cfg.model.dtype]), "collective: one bucket received")]
 
 
 def backward_peak(shape: ModelShape, tokens: int, b: int, checkpointing: bool, positions: int | None = None) -> Term:
@@ -198,6 +225,7 @@ def rollout_terms(cfg, shape: ModelShape, on_gpu: bool) -> list[Term]:
     if cfg.rollout.speculates:
         spec = cfg.rollout.speculation
         terms.append(Term(HEADS, draft_heads(shape, spec.num_heads, spec.head_type == "path", b), f"{spec.num_heads} heads"))
+    terms += receiver_sync_terms(cfg, shape)
     if on_gpu:
         terms.append(Term(RESERVE, CUDA_RESERVE, "CUDA context, allocator slack"))
     return terms
@@ -214,6 +242,7 @@ def consolidation_terms(cfg, shape: ModelShape, on_gpu: bool) -> list[Term]:
     if spec.uses_slow_path:
         records = spec.consolidation.batch_records
         terms.append(Term(HEAD_UPDATE, head_update(shape, spec.num_heads, records), f"{records} records per step"))
+        terms += receiver_sync_terms(cfg, shape)  # the slow path's actor joins the weight-sync group
     if on_gpu:
         terms.append(Term(RESERVE, CUDA_RESERVE, "CUDA context, allocator slack"))
     return terms
@@ -236,6 +265,8 @@ def candidate_overrides(cfg, term: str) -> list[tuple[str, Any]]:
     stages = [("learner.zero_stage", s) for s in range(learner.zero_stage + 1, 4)]
     ranks = [("cluster.learner_world_size", n) for n in range(cluster.learner_world_size + 1, 65)]
     actors = [("cluster.num_rollout_actors", n) for n in range(cluster.num_rollout_actors + 1, 65)]
+    sync = ([("cluster.weight_sync", "collective")] if cluster.weight_sync == "object_store" else
+            [("cluster.weight_sync_bucket_mb", cluster.weight_sync_bucket_mb / 2**k) for k in range(1, 5)])
     records = [("rollout.speculation.consolidation.batch_records", cfg.rollout.speculation.consolidation.batch_records
                 // 2**k) for k in range(1, 6)]
     by_term = {
@@ -246,7 +277,7 @@ def candidate_overrides(cfg, term: str) -> list[tuple[str, Any]]:
         GRADIENTS: stages + ranks,
         BUFFERS: ranks,
         OPTIMIZER: stages + ranks,
-        WEIGHT_SYNC: ranks,
+        WEIGHT_SYNC: sync + ranks,
         KV_CACHE: actors,
         STEP: actors,
         HEAD_UPDATE: records,
@@ -292,7 +323,8 @@ def format_plan(plan: MemoryPlan) -> str:
     for gpu in plan.gpus:
         names = ", ".join(a.label for a in gpu.actors)
         lines.append(f"GPU {gpu.index}: {gpu.total / GIB:7.2f} GiB  {names}")
-    lines.append(f"object store: {plan.object_store / GIB:.2f} GiB per node (one policy object per weight sync)")
+    lines.append(f"object store: {plan.object_store / GIB:.2f} GiB per node (one policy object per weight sync)"
+                 if plan.object_store else "object store: no policy object (cluster.weight_sync=collective)")
     if plan.gpu_memory is None:
         lines.append("cluster.gpu_memory_gb is null: no GPU to check against")
     else:
