@@ -80,7 +80,8 @@ RULES: dict[str, str] = {
     **kind(CHANGES_RUN, "cluster", "overlap"),  # one step off-policy or not
     **kind(SAFE, "cluster", "num_rollout_actors cpus_per_rollout_actor gpus_per_rollout_actor cpus_per_learner "
                             "gpus_per_learner gpus_per_consolidation_actor ray_address remote_timeout_s phase_threads "
-                            "master_port_range rollout_resources learner_resources consolidation_resources"),
+                            "master_port_range rollout_resources learner_resources consolidation_resources "
+                            "weight_sync weight_sync_bucket_mb gpu_memory_gb"),
     **kind(SAFE, "logger", "backend mode project entity run_name jsonl console rollouts"),
     **kind(SAFE, "eval", "split path limit samples k batch_size seed before_training"),
     **kind(CHANGES_RUN, "", "seed"),
