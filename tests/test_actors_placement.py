@@ -2,10 +2,14 @@
 GPUs as resources (no GPU needed to schedule; the devices still come from the config: cpu):
 the learner's ranks packed on one node where they fit (else on as few as they fit), the rollout
 actors spread, rank 0 listening at its node's address on a port of `cluster.master_port_range`,
-and a learner of 2 ranks on 2 nodes training and resuming."""
+and a learner of 2 ranks on 2 nodes training with the weights streamed in buckets, and resuming
+after a rollout actor dies during a sync."""
 import json
 import os
+import signal
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,7 @@ from specroll.actors import ActorFailedError, RunActors
 from specroll.actors.placement import bundle, fits_one_node, learner_strategy, reserve
 from specroll.actors.rendezvous import free_port_in
 from specroll.configs import load_train_config
-from specroll.train import run_training
+from specroll.train import WEIGHT_SYNC, run_training
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 PORTS = [29650, 29659]
@@ -120,29 +124,57 @@ def test_the_learner_ranks_share_a_node_and_the_rollout_actors_spread(tmp_path):
     assert rendezvous[1] == rendezvous[0] and host == addresses[learners[0]] and PORTS[0] <= port <= PORTS[1]
 
 
+def pid_of(actor) -> int:
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+
+
+def written_bytes(pid: int) -> int:
+    return int(next(line.split()[1] for line in Path(f"/proc/{pid}/io").read_text().splitlines()
+                    if line.startswith("wchar:")))
+
+
 @pytest.mark.ray
-def test_a_learner_of_two_ranks_on_two_nodes_trains_and_resumes(tmp_path):
+def test_a_learner_of_two_ranks_on_two_nodes_trains_and_resumes_after_a_rollout_actor_dies_mid_sync(tmp_path):
+    """Issue 65's acceptance run: 2 learner ranks on 2 nodes, weights streamed in 1 MiB buckets over
+    the collective to 2 rollout actors, rollout actor 0 stopped at step 1's sync and killed once learner
+    rank 0 has streamed a MiB of it (to the other)."""
     cluster = gpu_cluster(nodes=2, gpus_per_node=1)
     overrides = ["cluster.learner_world_size=2", "cluster.gpus_per_learner=1", "cluster.cpus_per_learner=1",
-                 "cluster.cpus_per_rollout_actor=1", "rollout=vanilla", "total_steps=3", "checkpoint_every=1"]
-    placed = {}
+                 "cluster.cpus_per_rollout_actor=1", "rollout=vanilla", "total_steps=3", "checkpoint_every=1",
+                 "cluster.num_rollout_actors=2", "cluster.weight_sync=collective", "cluster.weight_sync_bucket_mb=1"]
+    placed, streamed = {}, []
 
-    def look_then_fail_after_step_1(step, metrics, actors):
+    def look_then_kill_during_sync(step, phase, actors):
+        if phase != WEIGHT_SYNC:
+            return
         nodes = [node_of(a) for a in actors.learners]
         placed[step] = (nodes, rendezvous_of(actors.learners[1]), node_addresses()[nodes[0]])
-        if step == 1:
-            ray.kill(actors.learners[1])
+        if step != 1:
+            return
+        victim, sender = pid_of(actors.rollout[0]), pid_of(actors.learners[0])
+        before = written_bytes(sender)
+        os.kill(victim, signal.SIGSTOP)  # the sync cannot finish without it
+
+        def kill_once_streaming():
+            deadline = time.monotonic() + 60
+            while written_bytes(sender) - before < 2**20 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            streamed.append(written_bytes(sender) - before)
+            os.kill(victim, signal.SIGKILL)
+
+        threading.Thread(target=kill_once_streaming, daemon=True).start()
 
     try:
-        with pytest.raises(ActorFailedError, match="learner rank 1"):
-            run_training(config(tmp_path, overrides), on_step_end=look_then_fail_after_step_1)
-        summary = run_training(config(tmp_path, overrides))
+        with pytest.raises(ActorFailedError, match=r"rollout actor 0 died during sync_policy \(policy version 1\)"):
+            run_training(config(tmp_path, overrides), on_phase=look_then_kill_during_sync)
+        summary = run_training(config(tmp_path, overrides))  # resume=auto
     finally:
         stop(cluster)
     nodes, (host, port), rank_0_address = placed[0]
     assert nodes[0] != nodes[1], "one GPU per node: the ranks are on two nodes"
     assert host == rank_0_address and PORTS[0] <= port <= PORTS[1]
-    assert summary.first_step == 2
+    assert streamed[0] >= 2**20, "the sync was under way when the rollout actor died"
+    assert (summary.first_step, summary.policy_version) == (1, 3)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(r["train/num_sequences"] == 4 for r in rows)  # both ranks' shares
