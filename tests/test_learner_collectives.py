@@ -5,13 +5,15 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 import specroll
-from specroll.learner.collectives import backend_for, device_for
+from specroll.learner.collectives import backend_for, device_for, group_store
 
 COLLECTIVES = Path(specroll.__file__).parent / "learner" / "collectives.py"
 
@@ -33,6 +35,19 @@ def test_the_backend_chosen_for_a_device_takes_tensors_of_that_kind(device):
 def test_an_unknown_backend_is_named():
     with pytest.raises(ValueError, match="'mpi'"):
         device_for("mpi", 0)
+
+
+def test_a_groups_leader_listens_at_its_address_alone():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    leader = group_store("127.0.0.1", port, timedelta(seconds=10), 2, leader=True)
+    member = group_store("127.0.0.1", port, timedelta(seconds=10), 2, leader=False)
+    member.set("from", "member")
+    assert leader.get("from") == b"member"
+    listening = [c.laddr for c in psutil.Process().net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+    assert [(a.ip, a.port) for a in listening] == [("127.0.0.1", port)]  # torch's own store: "::" too
 
 
 def test_only_the_collectives_module_uses_torch_distributed():

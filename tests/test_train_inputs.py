@@ -322,7 +322,9 @@ def test_a_local_run_listens_on_the_loopback_address_only(tmp_path):
         pids = {me.pid} | {child.pid for child in me.children(recursive=True)}
         seen[step] = (len(pids), listening_beyond_loopback(pids))
 
-    run_training(config(tmp_path / "run", ["total_steps=1", "checkpoint_every=0"]), on_step_end=after_step)
+    # Two learner ranks and the collective weight sync: both groups' rank 0 listen too.
+    run_training(config(tmp_path / "run", ["total_steps=1", "checkpoint_every=0", "cluster.learner_world_size=2",
+                                           "cluster.weight_sync=collective"]), on_step_end=after_step)
     processes, exposed = seen[0]
     assert processes > 5 and exposed == []
 

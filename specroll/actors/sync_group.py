@@ -1,5 +1,5 @@
 """The weight-sync group: learner rank 0 streams the policy to the rollout (and head-consolidation)
-actors over a torch.distributed group of their own, one bucket at a time (`cluster.weight_sync=collective`).
+actors over a process group of their own, one bucket at a time (`cluster.weight_sync=collective`).
 
 Ranks: learner rank 0 is 0, rollout actor i is 1 + i, the head-consolidation actor (slow path) the
 last. Rank 0 listens at its node's address on a port of `cluster.master_port_range` (`rendezvous`); the driver hands that address, the
@@ -20,9 +20,8 @@ from typing import NamedTuple
 
 import ray
 import torch
-import torch.distributed as dist
 
-from specroll.learner.collectives import device_for, group_of_its_own
+from specroll.learner.collectives import ProcessGroup, Store, device_for, group_of_its_own, group_store
 from specroll.models.weight_buckets import Bucket, BucketPlan, pack_bucket
 
 from .rendezvous import MasterAddress, node_address, rendezvous_point
@@ -52,29 +51,28 @@ def group_backend(devices: list[MemberDevice]) -> str:
     return "nccl" if all(gpus) and len(set(gpus)) == len(gpus) else "gloo"
 
 
-def rendezvous(port_range: tuple[int, int], timeout_s: float) -> tuple[dist.TCPStore, MasterAddress]:
+def rendezvous(port_range: tuple[int, int], timeout_s: float) -> tuple[Store, MasterAddress]:
     """Rank 0's store, listening at its node's address on a free port of `port_range`
     (`cluster.master_port_range`), and that address, for the other members."""
     address = rendezvous_point(port_range)
-    store = dist.TCPStore(address.host, address.port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
-    return store, address
+    return group_store(address.host, address.port, timedelta(seconds=timeout_s), None, leader=True), address
 
 
 @dataclass
 class SyncGroup:
     """One member's end of the group, with its one bucket of buffer."""
 
-    group: dist.ProcessGroup
+    group: ProcessGroup
     rank: int
     plan: BucketPlan
     buffer: torch.Tensor  # uint8 [plan.largest] on the group's device: the CPU under gloo, this GPU under NCCL
 
     @classmethod
     def join(cls, address: MasterAddress, rank: int, size: int, backend: str, plan: BucketPlan, timeout_s: float,
-             store: dist.Store | None = None) -> "SyncGroup":
+             store: Store | None = None) -> "SyncGroup":
         """Join as `rank` of `size` (blocks until all have joined); rank 0 passes `rendezvous`'s store."""
         if store is None:
-            store = dist.TCPStore(address.host, address.port, size, False, timedelta(seconds=timeout_s))
+            store = group_store(address.host, address.port, timedelta(seconds=timeout_s), size, leader=False)
         group = group_of_its_own(store, rank, size, backend, node_address(), timeout_s)
         device = device_for(backend, torch.cuda.current_device() if backend == "nccl" else 0)
         return cls(group, rank, plan, torch.empty(plan.largest, dtype=torch.uint8, device=device))

@@ -311,7 +311,7 @@ class ClusterSection:
     # address: open them between the nodes; each group takes one that is free there
     master_port_range: list[int] = field(default_factory=lambda: [29500, 29599])
     # How new policy weights reach the rollout (and head-consolidation) actors. collective: learner
-    # rank 0 streams them over a torch.distributed group of its own (NCCL when every member is on a
+    # rank 0 streams them over a process group of its own (NCCL when every member is on a
     # GPU, else gloo), one bucket at a time; object_store: one whole-model object in Ray's object
     # store, which every receiver reads (the fallback, e.g. where the actors cannot open ports to each other)
     weight_sync: str = "collective"

@@ -13,6 +13,7 @@ right per cluster); and a misplaced tensor would pass through it slowly instead 
 from __future__ import annotations
 
 import os
+import socket
 from datetime import timedelta
 
 import torch
@@ -60,6 +61,29 @@ def collective_device() -> torch.device:
     return device_for(dist.get_backend(), cuda_index)
 
 
+# The types a group of its own is built from, for modules that hold one (only this module imports torch.distributed).
+Store, ProcessGroup = dist.Store, dist.ProcessGroup
+
+
+def group_store(host: str, port: int, timeout: timedelta, world_size: int | None, leader: bool) -> dist.TCPStore:
+    """A group's rendezvous store at `host:port`: the leader (rank 0) listens there, at `host` alone
+    (torch's own store binds every interface, so a local run's group would be reachable from
+    outside the machine); the other ranks connect to it."""
+    if not leader:
+        return dist.TCPStore(host, port, world_size, False, timeout)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(128)
+    except OSError:
+        listener.close()
+        raise
+    # The store owns the socket from here on (detach: Python no longer closes it).
+    return dist.TCPStore(host, port, world_size, True, timeout, wait_for_workers=False,
+                         master_listen_fd=listener.detach())
+
+
 def ensure_distributed(device: torch.device, timeout_s: float) -> None:
     """Join (or create) the process-wide process group: `backend_for(device)`, its collectives
     failing after `timeout_s` seconds (`learner.collective_timeout_s`).
@@ -86,9 +110,14 @@ def ensure_distributed(device: torch.device, timeout_s: float) -> None:
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(key, value)
     backend, timeout = backend_for(device), timedelta(seconds=timeout_s)
-    if os.environ["WORLD_SIZE"] == "1":
+    this_rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if size == 1:
         # One rank needs no rendezvous, so no port is picked that another process could take first.
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    elif "MASTER_ADDR" in os.environ:
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        store = group_store(host, port, timeout, size, leader=this_rank == 0)
+        dist.init_process_group(backend, store=store, rank=this_rank, world_size=size, timeout=timeout)
     deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
 
 
