@@ -35,10 +35,12 @@ def config(tmp_path, model_dir):
 
 def test_a_staged_entry_holds_the_files_loading_reads_and_is_reused_while_its_source_is_unchanged(tiny_hf_dir, tmp_path):
     cache = tmp_path / "cache"
+    (tiny_hf_dir / "chat_template.jinja").write_text("{{ messages }}")  # where transformers keeps a chat template
     entry = stage(str(tiny_hf_dir), cache)
     assert entry == entry_dir(str(tiny_hf_dir), cache) and entry.parent == cache
     staged_names = sorted(p.name for p in entry.iterdir())
     assert MANIFEST in staged_names and "model.safetensors" in staged_names and "tokenizer.json" in staged_names
+    assert "chat_template.jinja" in staged_names  # else actors prompt without the template the driver used
     assert (entry / "model.safetensors").stat().st_ino == (tiny_hf_dir / "model.safetensors").stat().st_ino  # linked
     manifest = (entry / MANIFEST).stat().st_mtime_ns
     assert stage(str(tiny_hf_dir), cache) == entry and (entry / MANIFEST).stat().st_mtime_ns == manifest

