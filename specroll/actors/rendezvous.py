@@ -52,4 +52,3 @@ def free_port_in(port_range: tuple[int, int], avoid: Collection[int] = ()) -> in
 def rendezvous_point(port_range: tuple[int, int], avoid: Collection[int] = ()) -> MasterAddress:
     """Where a group led by this process meets: called inside its rank 0's actor."""
     return MasterAddress(node_address(), free_port_in(port_range, avoid))
-
