@@ -6,14 +6,14 @@ configs/ it would close an import circle.
 """
 from __future__ import annotations
 
-from .configs.sections import RolloutSection
+from .configs.sections import RolloutConfig
 from .fastgrpo.decoder import FastGRPODecoder
 from .rollout.decoder import Decoder
 from .rollout.plain_decoder import PlainDecoder
 from .speculation.decoder import SpeculativeDecoder
 
 
-def build_decoder(model, rollout: RolloutSection) -> Decoder:
+def build_decoder(model, rollout: RolloutConfig) -> Decoder:
     """`rollout.mode`'s decoder of `model`, compiled where `rollout.compile` says."""
     if rollout.mode == "speculation":
         return SpeculativeDecoder(model, rollout.speculation, compile=rollout.compile)

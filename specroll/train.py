@@ -43,7 +43,7 @@ from specroll.actors import (
 )
 from specroll.actors.local_cluster import start_local_cluster
 from specroll.actors.placement import local_resources
-from specroll.configs import ClusterSection, TrainConfig, load_train_config
+from specroll.configs import ClusterConfig, TrainConfig, load_train_config
 from specroll.configs.renames import renamed_overrides
 from specroll.configs.resume_changes import check_resume_changes
 from specroll.data import Problem, PromptStream
@@ -417,7 +417,7 @@ def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
     return path
 
 
-def connect_ray(cluster: ClusterSection) -> bool:
+def connect_ray(cluster: ClusterConfig) -> bool:
     """Join `cluster.ray_address` (or the job's $RAY_ADDRESS), or start a local cluster on the loopback
     address (`start_local_cluster`); True if started here."""
     if ray.is_initialized():

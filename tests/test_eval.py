@@ -12,7 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specroll.configs import EvalSection, load_train_config
+from specroll.configs import EvalConfig, load_train_config
 from specroll.data import format_prompt, generate_synthetic
 from specroll.eval import pass_at_k
 from specroll.eval.__main__ import main as eval_main
@@ -60,9 +60,9 @@ def test_the_guides_eval_commands_parse():
 
 def test_eval_settings_fail_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"k \(5\) must be <= samples \(4\)"):
-        EvalSection(samples=4, k=[1, 5])
+        EvalConfig(samples=4, k=[1, 5])
     with pytest.raises(ValueError, match="batch_size"):
-        EvalSection(batch_size=0)
+        EvalConfig(batch_size=0)
     train = tmp_path / "train.jsonl"
     train.write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
     with pytest.raises(ValueError, match="eval.path: data.path .* is one file"):

@@ -20,7 +20,7 @@ import ray
 from hydra import compose, initialize_config_dir
 
 from specroll.actors.remote_calls import ActorFailedError, gather
-from specroll.configs import ClusterSection, load_train_config
+from specroll.configs import ClusterConfig, load_train_config
 from specroll.preflight import PreflightError, preflight
 from specroll.run_dir import SeesRunDir, unwritable, write_run_token
 from specroll.run_owner import RunDirOwnedError, release_ownership, take_ownership
@@ -292,7 +292,7 @@ def test_a_run_started_cluster_runs_its_actors_at_the_drivers_priority():
         def of_this_process(self) -> int:
             return os.getpriority(os.PRIO_PROCESS, 0)
 
-    assert connect_ray(ClusterSection())
+    assert connect_ray(ClusterConfig())
     try:
         actor = ray.remote(num_cpus=0)(Niceness).remote()
         assert ray.get(actor.of_this_process.remote(), timeout=60) == os.getpriority(os.PRIO_PROCESS, 0)

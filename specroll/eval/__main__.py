@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from specroll.configs import TrainConfig, load_train_config
-from specroll.configs.train import check_held_out
+from specroll.configs.train_config import check_held_out
 from specroll.decoders import build_decoder
 from specroll.rollout import RolloutEngine
 from specroll.train import conf_dir, errors_as_messages

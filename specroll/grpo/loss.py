@@ -11,12 +11,12 @@ then reduced to a scalar by ``aggregate``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from specroll.config_checks import check_bool, check_choice, check_number, check_positive, check_probability
 from specroll.grpo.aggregation import AGGREGATION_MODES, Aggregation, aggregate
 from specroll.grpo.kl import KL_ESTIMATORS, KLEstimator, kl_estimate
 
@@ -56,28 +56,15 @@ class PolicyLossConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field."""
-        if not 0.0 <= self.clip_low < 1.0:
-            raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low}")
-        if not (self.clip_high >= 0.0 and math.isfinite(self.clip_high)):
-            raise ValueError(f"clip_high must be finite and >= 0, got {self.clip_high}")
-        if self.dual_clip is not None and not (
-            self.dual_clip > 1.0 and math.isfinite(self.dual_clip)
-        ):
-            raise ValueError(f"dual_clip must be None or a finite value > 1, got {self.dual_clip}")
-        if not (self.log_ratio_clamp > 0.0 and math.isfinite(self.log_ratio_clamp)):
-            raise ValueError(f"log_ratio_clamp must be finite and > 0, got {self.log_ratio_clamp}")
-        if not (self.kl_coef >= 0.0 and math.isfinite(self.kl_coef)):
-            raise ValueError(f"kl_coef must be finite and >= 0, got {self.kl_coef}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(
-                f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}"
-            )
-        if self.aggregation not in AGGREGATION_MODES:
-            raise ValueError(
-                f"aggregation must be one of {AGGREGATION_MODES}, got {self.aggregation!r}"
-            )
-        if not isinstance(self.mask_truncated, bool):
-            raise ValueError(f"mask_truncated must be a bool, got {self.mask_truncated!r}")
+        check_probability("clip_low", self.clip_low, high_open=True)
+        check_number("clip_high", self.clip_high, 0)
+        if self.dual_clip is not None:
+            check_number("dual_clip", self.dual_clip, 1, low_open=True)
+        check_positive("log_ratio_clamp", self.log_ratio_clamp)
+        check_number("kl_coef", self.kl_coef, 0)
+        check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        check_choice("aggregation", self.aggregation, AGGREGATION_MODES)
+        check_bool("mask_truncated", self.mask_truncated)
 
 
 def valid_token_mask(

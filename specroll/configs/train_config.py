@@ -1,6 +1,6 @@
 """The whole training run's config, and loading it from Hydra with fail-fast validation.
 
-Three stages, each raising `ValueError` that names the dotted field:
+Three stages, each raising `ValueError` that names the dotted field (`FieldError` for a value):
 `load_train_config` checks types, unknown keys, each section's fields, the rules across
 sections and the files the config points to; `validate_against_model` adds the limits that
 only the model knows (its context length).
@@ -14,13 +14,15 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from specroll.config_checks import FieldError, check_int, check_seed, check_text, require
 from specroll.data import DATA_SUFFIXES, split_file
 from specroll.learner import MIN_KEEP_LAST, LearnerConfig
+from specroll.models import TINY_PREFIX, ModelConfig
 from specroll.models.loading import ALIASES, alias_path
-from specroll.telemetry.config import LoggerSection
+from specroll.telemetry.config import LoggerConfig
 
 from .resume_changes import check_allow_list
-from .sections import TINY_PREFIX, ClusterSection, DataSection, EvalSection, ModelSection, RolloutSection, check_int
+from .sections import ClusterConfig, DataConfig, EvalConfig, RolloutConfig
 from .typed import build_dataclass
 
 RESUME_MODES = ("auto", "never")
@@ -33,13 +35,13 @@ _LOCAL_PREFIXES = ("/", ".", "~")
 class TrainConfig:
     """A GRPO training run: what is trained on what, how, where, and how it is recorded."""
 
-    model: ModelSection = field(default_factory=ModelSection)  # the policy's weights
-    data: DataSection = field(default_factory=DataSection)  # problems, batch of prompts, reward
-    rollout: RolloutSection = field(default_factory=RolloutSection)  # sampling and speculative decoding
+    model: ModelConfig = field(default_factory=ModelConfig)  # the policy's weights
+    data: DataConfig = field(default_factory=DataConfig)  # problems, batch of prompts, reward
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # sampling and speculative decoding
     learner: LearnerConfig = field(default_factory=LearnerConfig)  # DeepSpeed, optimiser, GRPO loss
-    cluster: ClusterSection = field(default_factory=ClusterSection)  # Ray actors and their resources
-    logger: LoggerSection = field(default_factory=LoggerSection)  # W&B, JSONL, console
-    eval: EvalSection = field(default_factory=EvalSection)  # held-out problems and pass@k sampling
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # Ray actors and their resources
+    logger: LoggerConfig = field(default_factory=LoggerConfig)  # W&B, JSONL, console
+    eval: EvalConfig = field(default_factory=EvalConfig)  # held-out problems and pass@k sampling
     seed: int = 0  # seeds prompt order, sampling and (through conf/) the learner's shuffling
     total_steps: int = 200  # training steps: rollout, reward, update, weight sync
     checkpoint_every: int = 50  # save a checkpoint every this many steps; 0 never saves
@@ -53,41 +55,29 @@ class TrainConfig:
     run_dir: str = "runs/default"  # checkpoints, metrics.jsonl and wandb/ go here; relative to the launch directory
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        check_seed("seed", self.seed)
         check_int("total_steps", self.total_steps, 1)
         check_int("checkpoint_every", self.checkpoint_every, 0)
         check_int("keep_last", self.keep_last, MIN_KEEP_LAST)
         check_int("eval_every", self.eval_every, 0)
-        if not self.resume:
-            raise ValueError("resume must be 'auto', 'never' or a checkpoint path")
+        require(isinstance(self.resume, str) and self.resume, "resume", self.resume, "'auto', 'never' or a checkpoint path")
         check_allow_list(self.resume_allow_changes)
-        if not self.run_dir:
-            raise ValueError("run_dir must be a non-empty path")
+        check_text("run_dir", self.run_dir)
         self.check_sections_agree()
 
     def check_sections_agree(self) -> None:
         rollout, learner, data, cluster = self.rollout, self.learner, self.data, self.cluster
-        if rollout.max_new_tokens > learner.max_response_len:
-            raise ValueError(
-                f"rollout.max_new_tokens ({rollout.max_new_tokens}) must be <= learner.max_response_len "
-                f"({learner.max_response_len}): the learner refuses longer responses"
-            )
-        if learner.temperature != rollout.temperature:
-            raise ValueError(
-                f"learner.temperature ({learner.temperature}) must equal rollout.temperature ({rollout.temperature}): "
-                "the learner scores responses under the distribution they were sampled from"
-            )
-        if data.prompts_per_step % cluster.learner_world_size:
-            raise ValueError(
-                f"data.prompts_per_step ({data.prompts_per_step}) must be a multiple of cluster.learner_world_size "
-                f"({cluster.learner_world_size}): every learner rank takes the same number of whole groups"
-            )
-        if cluster.num_rollout_actors > data.prompts_per_step:
-            raise ValueError(
-                f"cluster.num_rollout_actors ({cluster.num_rollout_actors}) must be <= data.prompts_per_step "
-                f"({data.prompts_per_step}): each rollout actor needs at least one prompt"
-            )
+        require(rollout.max_new_tokens <= learner.max_response_len, "rollout.max_new_tokens", rollout.max_new_tokens,
+                f"<= learner.max_response_len ({learner.max_response_len})", why="the learner refuses longer responses")
+        require(learner.temperature == rollout.temperature, "learner.temperature", learner.temperature,
+                f"rollout.temperature ({rollout.temperature})",
+                why="the learner scores responses under the distribution they were sampled from")
+        require(data.prompts_per_step % cluster.learner_world_size == 0, "data.prompts_per_step", data.prompts_per_step,
+                f"a multiple of cluster.learner_world_size ({cluster.learner_world_size})",
+                why="every learner rank takes the same number of whole groups")
+        require(cluster.num_rollout_actors <= data.prompts_per_step, "cluster.num_rollout_actors",
+                cluster.num_rollout_actors, f"<= data.prompts_per_step ({data.prompts_per_step})",
+                why="each rollout actor needs at least one prompt")
 
     @property
     def model_cache(self) -> Path:
@@ -131,6 +121,11 @@ def looks_local(path: str, suffixes: tuple[str, ...]) -> bool:
     return path.startswith(_LOCAL_PREFIXES) or path.endswith(suffixes)
 
 
+def not_found(path: str) -> str:
+    local = Path(path).expanduser()
+    return "not found" if str(local) == path else f"{local} not found"
+
+
 def check_paths(cfg: TrainConfig) -> None:
     """Files and folders the config names must exist (paths relative to the working directory)."""
     for where, name in (("model.name", cfg.model.name), ("model.tokenizer", cfg.model.tokenizer)):
@@ -140,54 +135,51 @@ def check_paths(cfg: TrainConfig) -> None:
             try:
                 alias_path(name)
             except FileNotFoundError as exc:
-                raise ValueError(f"{where}: {exc}") from exc
+                raise FieldError(where, name, "an alias whose files are on this machine", why=str(exc)) from exc
             continue
         local = Path(name).expanduser()
-        if looks_local(name, (".gguf",)) and not local.exists():
-            raise ValueError(f"{where}: file not found: {local}")
-        if local.is_dir() and not (local / "config.json").is_file():
-            raise ValueError(f"{where}: {local} is not a Hugging Face model directory (no config.json)")
+        require(not looks_local(name, (".gguf",)) or local.exists(), where, name, "an existing file",
+                why=not_found(name))
+        require(not local.is_dir() or (local / "config.json").is_file(), where, name,
+                "a Hugging Face model directory", why=f"{local} has no config.json")
     data = cfg.data
     if data.name != "synthetic" and data.path is not None:
-        local = Path(data.path).expanduser()
-        if local.is_dir():
-            if split_file(local, data.split) is None:
-                raise ValueError(f"data.path: folder {local} has no {data.split}.jsonl (data.split), "
-                                 "nor a .json, .parquet or .arrow file of that split")
-        elif looks_local(data.path, DATA_SUFFIXES) and not local.is_file():
-            raise ValueError(f"data.path: file not found: {local}")
+        check_problems_at("data.path", data.path, data.split, "data.split")
     if cfg.eval_every:
         check_held_out(cfg)
-    heads = cfg.rollout.speculation.heads_path
-    if cfg.rollout.mode == "speculation" and heads not in (None, "shipped") and not Path(heads).expanduser().is_file():
-        raise ValueError(f"rollout.speculation.heads_path: file not found: {Path(heads).expanduser()}")
-    drafter = cfg.rollout.fastgrpo.drafter_path
-    if cfg.rollout.mode == "fastgrpo" and drafter not in (None, "shipped") and not Path(drafter).expanduser().is_file():
-        raise ValueError(f"rollout.fastgrpo.drafter_path: file not found: {Path(drafter).expanduser()}")
-    if cfg.resume not in RESUME_MODES and not Path(cfg.resume).expanduser().is_dir():
-        raise ValueError(f"resume: checkpoint not found: {Path(cfg.resume).expanduser()} (or use 'auto' / 'never')")
+    for mode, where, path in (("speculation", "rollout.speculation.heads_path", cfg.rollout.speculation.heads_path),
+                              ("fastgrpo", "rollout.fastgrpo.drafter_path", cfg.rollout.fastgrpo.drafter_path)):
+        if cfg.rollout.mode == mode and path not in (None, "shipped"):
+            require(Path(path).expanduser().is_file(), where, path, "null, 'shipped' or an existing file",
+                    why=not_found(path))
+    require(cfg.resume in RESUME_MODES or Path(cfg.resume).expanduser().is_dir(), "resume", cfg.resume,
+            "'auto', 'never' or a checkpoint folder", why=not_found(cfg.resume))
+
+
+def check_problems_at(where: str, path: str, split: str, split_field: str) -> None:
+    """A problem file must exist (a dataset name need not), and a folder must hold the split."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        require(split_file(local, split) is not None, where, path, f"a folder holding a {split} file ({split_field})",
+                why=f"{local} has no {split}.jsonl, nor a .json, .parquet or .arrow file of that split")
+    else:
+        require(not looks_local(path, DATA_SUFFIXES) or local.is_file(), where, path,
+                "an existing file, a folder or a hub dataset name", why=not_found(path))
 
 
 def check_held_out(cfg: TrainConfig) -> None:
     """The held-out problems must exist and differ from the training file."""
     data, held_out = cfg.data, cfg.eval
     if held_out.path is not None:
-        local = Path(held_out.path).expanduser()
-        if local.is_dir() and split_file(local, held_out.split) is None:
-            raise ValueError(f"eval.path: folder {local} has no {held_out.split}.jsonl (eval.split), "
-                             "nor a .json, .parquet or .arrow file of that split")
-        if not local.exists() and looks_local(held_out.path, DATA_SUFFIXES):
-            raise ValueError(f"eval.path: file not found: {local}")
+        check_problems_at("eval.path", held_out.path, held_out.split, "eval.split")
         return
     if data.name == "synthetic" or data.path is None:
         return
     local = Path(data.path).expanduser()
-    if local.is_file():
-        raise ValueError(f"eval.path: data.path {local} is one file, the training problems; name a file of "
-                         "held-out problems, or give data.path as a folder of <split> files")
-    if local.is_dir() and split_file(local, held_out.split) is None:
-        raise ValueError(f"eval.split: folder {local} (data.path) has no {held_out.split} file; set eval.split "
-                         "or eval.path")
+    require(not local.is_file(), "eval.path", held_out.path, "a file of held-out problems",
+            why=f"data.path {local} is one file, the training problems; or give data.path as a folder of <split> files")
+    require(not local.is_dir() or split_file(local, held_out.split) is not None, "eval.split", held_out.split,
+            f"a split of data.path's folder {local}, or eval.path set", why=f"{local} has no {held_out.split} file")
 
 
 def validate_against_model(cfg: TrainConfig, context: int) -> None:
@@ -195,14 +187,12 @@ def validate_against_model(cfg: TrainConfig, context: int) -> None:
     where = f"the context of model.name {cfg.model.name!r} ({context} tokens)"
     rollout = cfg.rollout
     if rollout.mode != "vanilla":
-        needed = rollout.max_new_tokens + rollout.max_tokens_per_step
         field_name = "rollout.speculation.max_nodes" if rollout.mode == "speculation" else "rollout.fastgrpo.max_nodes"
-        if needed > context:
-            raise ValueError(
-                f"rollout.max_new_tokens ({rollout.max_new_tokens}) + {field_name} "
-                f"({rollout.max_tokens_per_step}) = {needed} exceeds {where}"
-            )
-    elif rollout.max_new_tokens >= context:
-        raise ValueError(f"rollout.max_new_tokens ({rollout.max_new_tokens}) leaves no room for a prompt in {where}")
-    if cfg.learner.max_seq_len > context:
-        raise ValueError(f"learner.max_seq_len ({cfg.learner.max_seq_len}) exceeds {where}")
+        require(rollout.max_new_tokens + rollout.max_tokens_per_step <= context, "rollout.max_new_tokens",
+                rollout.max_new_tokens, f"<= {context - rollout.max_tokens_per_step}",
+                why=f"it + {field_name} ({rollout.max_tokens_per_step}) must fit in {where}")
+    else:
+        require(rollout.max_new_tokens < context, "rollout.max_new_tokens", rollout.max_new_tokens, f"< {context}",
+                why=f"a prompt needs room in {where}")
+    require(cfg.learner.max_seq_len <= context, "learner.max_seq_len", cfg.learner.max_seq_len, f"<= {context}",
+            why=f"a sequence must fit in {where}")
