@@ -4,18 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from specroll.config_checks import (
-    FieldError,
-    check_bool,
-    check_choice,
-    check_device,
-    check_int,
-    check_number,
-    check_positive,
-    check_probability,
-    check_seed,
-    require,
-)
+from specroll.config_checks import (FieldError, check_bool, check_choice, check_device, check_int, check_number,
+                                    check_positive, check_probability, check_seed, require)
 from specroll.grpo import ON_INVALID_MODES, PolicyLossConfig
 
 ZERO_STAGES = (0, 1, 2, 3)

@@ -54,15 +54,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from specroll.config_checks import (
-    check_choice,
-    check_device,
-    check_int,
-    check_number,
-    check_positive,
-    check_probability,
-    check_seed,
-)
+from specroll.config_checks import (check_choice, check_device, check_int, check_number, check_positive,
+                                    check_probability, check_seed)
 from specroll.data import Problem, format_prompt
 from specroll.grpo import entropy_from_logits
 from specroll.models import CausalLM, resolve_device
