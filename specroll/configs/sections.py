@@ -9,16 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specroll.config_checks import (
-        check_bool,
-    check_choice,
-    check_int,
-    check_number,
-    check_positive,
-    check_seed,
-    check_text,
-    require,
-)
+from specroll.config_checks import (check_bool, check_choice, check_int, check_number, check_positive, check_seed,
+                                    check_text, require)
 from specroll.data import INSTRUCTION, NUMERIC_FORMATS, PROBLEM_SOURCES, RecordFormat, RewardConfig, SyntheticConfig
 from specroll.fastgrpo import FastGRPOConfig
 from specroll.rollout import SamplingParams
