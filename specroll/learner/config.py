@@ -78,6 +78,14 @@ class LearnerConfig:
     scale_advantages_by_std: bool = True
     """Divide group-centred rewards by the group std (GRPO); False gives Dr.GRPO."""
 
+    overlong_max_len: int | None = None
+    """DAPO's soft overlong punishment: L_max, the response length at which the penalty added to
+    the reward reaches -1 (the rollout's max_new_tokens); None: off (see `grpo.overlong`)."""
+
+    overlong_buffer_len: int = 0
+    """L_cache: the penalty falls linearly from 0 to -1 over the last this-many tokens before
+    `overlong_max_len`; in [1, overlong_max_len] when that is set."""
+
     temperature: float = 1.0
     """Logits are divided by this before the log-softmax, so training log-probs are those of
     the distribution the rollout sampled from (its temperature)."""
@@ -154,6 +162,12 @@ class LearnerConfig:
         """Rewards, advantages, the training temperature, the reference policy and the GRPO loss."""
         check_choice("on_invalid_reward", self.on_invalid_reward, ON_INVALID_MODES)
         check_bool("scale_advantages_by_std", self.scale_advantages_by_std)
+        if self.overlong_max_len is not None:
+            check_int("overlong_max_len", self.overlong_max_len, 1)
+            check_int("overlong_buffer_len", self.overlong_buffer_len, 1, self.overlong_max_len)
+        else:
+            require(self.overlong_buffer_len == 0, "overlong_buffer_len", self.overlong_buffer_len,
+                    "0 while overlong_max_len is null")
         check_positive("temperature", self.temperature)
         check_bool("use_reference", self.use_reference)
         require(isinstance(self.loss, PolicyLossConfig), "loss", self.loss, "a PolicyLossConfig")
