@@ -165,8 +165,8 @@ def test_read_only_run_dir_and_checkpoints_fail_with_everything_else_in_one_mess
     lines = message.splitlines()
     assert lines[0] == "the run cannot start (3 problems):"
     assert lines[1].startswith(f"  - run_dir's checkpoints folder: cannot write in {run_dir}/checkpoints: ")
-    assert lines[2] == "  - rollout.max_new_tokens (253) + rollout.speculation.max_nodes (4) = 257 exceeds the " \
-                       "context of model.name 'tiny-llama' (256 tokens)"
+    assert lines[2] == "  - rollout.max_new_tokens must be <= 252, got 253: it + rollout.speculation.max_nodes (4) must " \
+                       "fit in the context of model.name 'tiny-llama' (256 tokens)"
     assert lines[3].startswith(f"  - {data}:1: its prompt has ")
     with read_only(run_dir):
         message = fails_before_start(config(run_dir, []))
