@@ -8,9 +8,12 @@ so the user reads `rollout.speculation.max_nodes must be ...`.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 DEVICES = "'auto', 'cpu' or 'cuda[:i]'"
+# Local paths as `specroll.data.load_problem_set` tells them from dataset (and hub model) names.
+LOCAL_PREFIXES = ("/", ".", "~")
 
 
 class FieldError(ValueError):
@@ -108,3 +111,14 @@ def check_device(field: str, value: Any) -> None:
 def check_seed(field: str, value: Any) -> None:
     """Any int: seeds may be negative or large."""
     check_int(field, value)
+
+
+def not_found(path: str) -> str:
+    """The `why` of a path that names no file here: the path as read, where `~` made it another."""
+    local = Path(path).expanduser()
+    return "not found" if str(local) == path else f"{local} not found"
+
+
+def names_local_file(path: str, suffixes: tuple[str, ...]) -> bool:
+    """Whether `path` names a local file (by its start or its suffix) rather than a hub name."""
+    return path.startswith(LOCAL_PREFIXES) or path.endswith(suffixes)

@@ -2,11 +2,13 @@
 its bounds, what it refuses, and the one message format `<field> must be <allowed>, got <given>[: why]`."""
 import math
 import pickle
+from pathlib import Path
 
 import pytest
 
 from specroll.config_checks import (FieldError, check_bool, check_choice, check_device, check_int, check_number,
-                                    check_positive, check_probability, check_seed, check_text, require)
+                                    check_positive, check_probability, check_seed, check_text, names_local_file,
+                                    not_found, require)
 from specroll.configs import build_dataclass
 from specroll.speculation import SpeculationConfig
 
@@ -94,3 +96,10 @@ def test_a_nested_config_is_named_by_its_path_once():
     with pytest.raises(FieldError) as info:
         build_dataclass(SpeculationConfig, {"drift": {"mad_floor": 0.0}}, "rollout.speculation")
     assert str(info.value) == "rollout.speculation.drift.mad_floor must be a finite number > 0, got 0.0"
+
+
+def test_paths_told_from_names_and_a_missing_one_said_as_read():
+    assert names_local_file("./data", (".jsonl",)) and names_local_file("~/x", ()) and names_local_file("/x", ())
+    assert names_local_file("train.jsonl", (".jsonl",)) and not names_local_file("openai/gsm8k", (".jsonl",))
+    assert not_found("/no/such.jsonl") == "not found"
+    assert not_found("~/no/such.jsonl") == f"{Path('~/no/such.jsonl').expanduser()} not found"

@@ -14,11 +14,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from specroll.config_checks import FieldError, check_int, check_seed, check_text, require
+from specroll.config_checks import FieldError, check_int, check_seed, check_text, names_local_file, not_found, require
 from specroll.data import DATA_SUFFIXES, split_file
 from specroll.learner import MIN_KEEP_LAST, LearnerConfig
-from specroll.models import TINY_PREFIX, ModelConfig
-from specroll.models.loading import ALIASES, alias_path
+from specroll.models import ModelConfig
 from specroll.telemetry.config import LoggerConfig
 
 from .resume_changes import check_allow_list
@@ -27,8 +26,6 @@ from .typed import build_dataclass
 
 RESUME_MODES = ("auto", "never")
 MODEL_CACHE = "model_cache"  # under run_dir, unless model.cache_dir names another folder
-# Local paths as `specroll.data.load_problem_set` tells them from dataset names.
-_LOCAL_PREFIXES = ("/", ".", "~")
 
 
 @dataclass
@@ -117,31 +114,15 @@ def load_train_config(cfg: DictConfig | dict) -> TrainConfig:
     return train
 
 
-def looks_local(path: str, suffixes: tuple[str, ...]) -> bool:
-    return path.startswith(_LOCAL_PREFIXES) or path.endswith(suffixes)
-
-
-def not_found(path: str) -> str:
-    local = Path(path).expanduser()
-    return "not found" if str(local) == path else f"{local} not found"
 
 
 def check_paths(cfg: TrainConfig) -> None:
     """Files and folders the config names must exist (paths relative to the working directory)."""
-    for where, name in (("model.name", cfg.model.name), ("model.tokenizer", cfg.model.tokenizer)):
-        if name is None or name.startswith(TINY_PREFIX):
-            continue
-        if name in ALIASES:
-            try:
-                alias_path(name)
-            except FileNotFoundError as exc:
-                raise FieldError(where, name, "an alias whose files are on this machine", why=str(exc)) from exc
-            continue
-        local = Path(name).expanduser()
-        require(not looks_local(name, (".gguf",)) or local.exists(), where, name, "an existing file",
-                why=not_found(name))
-        require(not local.is_dir() or (local / "config.json").is_file(), where, name,
-                "a Hugging Face model directory", why=f"{local} has no config.json")
+    for field_name in ("name", "tokenizer"):
+        try:
+            cfg.model.check_files(field_name)
+        except FieldError as exc:
+            raise exc.within("model") from exc
     data = cfg.data
     if data.name != "synthetic" and data.path is not None:
         check_problems_at("data.path", data.path, data.split, "data.split")
@@ -163,7 +144,7 @@ def check_problems_at(where: str, path: str, split: str, split_field: str) -> No
         require(split_file(local, split) is not None, where, path, f"a folder holding a {split} file ({split_field})",
                 why=f"{local} has no {split}.jsonl, nor a .json, .parquet or .arrow file of that split")
     else:
-        require(not looks_local(path, DATA_SUFFIXES) or local.is_file(), where, path,
+        require(not names_local_file(path, DATA_SUFFIXES) or local.is_file(), where, path,
                 "an existing file, a folder or a hub dataset name", why=not_found(path))
 
 

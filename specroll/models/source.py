@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from specroll.config_checks import check_choice, check_device, check_text, require
+from specroll.config_checks import FieldError, check_choice, check_device, check_text, names_local_file, not_found, require
 
 from .config import SUPPORTED_MODEL_TYPES
-from .loading import DTYPES, load_causal_lm, resolve_checkpoint, resolve_device, resolve_dtype
+from .loading import ALIASES, DTYPES, alias_path, load_causal_lm, resolve_checkpoint, resolve_device, resolve_dtype
 from .model_cache import stage, staged
 from .tiny import build_tiny_model, tiny_config
 
@@ -42,6 +42,24 @@ class ModelConfig:
                 f"one of {tiny} for a tiny model")
         require(self.tokenizer is None or self.tiny_type is not None, "tokenizer", self.tokenizer,
                 f"null for {self.name!r}", why="only tiny-* models take a tokenizer; others bring their own")
+
+    def check_files(self, field_name: str) -> None:
+        """The weights (`name`) or tokenizer (`tokenizer`) this names exist here: an alias's files, a
+        .gguf file, a directory with a config.json (a hub id is not looked up)."""
+        name = getattr(self, field_name)
+        if name is None or name.startswith(TINY_PREFIX):
+            return
+        if name in ALIASES:
+            try:
+                alias_path(name)
+            except FileNotFoundError as exc:
+                raise FieldError(field_name, name, "an alias whose files are on this machine", why=str(exc)) from exc
+            return
+        local = Path(name).expanduser()
+        require(not names_local_file(name, (".gguf",)) or local.exists(), field_name, name, "an existing file",
+                why=not_found(name))
+        require(not local.is_dir() or (local / "config.json").is_file(), field_name, name,
+                "a Hugging Face model directory", why=f"{local} has no config.json")
 
     @property
     def tiny_type(self) -> str | None:
