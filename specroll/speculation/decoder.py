@@ -146,7 +146,7 @@ class SpeculativeDecoder:
         draft, which a small update barely moves, and probes a closed tree gate at its first
         interval again; other heads start them afresh, sized by their depth (refused, leaving the
         decoder as it was, where `speculation.max_depth` is deeper than they draft)."""
-        self.cfg.tree_depth(heads.num_heads)
+        self.cfg.tree_depth(heads.num_heads)  # refused before anything changes
         updated = self.heads is not None and heads.num_heads == self.heads.num_heads and heads.version > self.heads.version
         self.heads = heads.eval().use_prepacked_linears()
         if not updated:
