@@ -154,6 +154,8 @@ def test_activation_checkpointing_is_off_on_cpus_and_on_in_the_gpu_preset():
         (["rollout=fastgrpo", "rollout.fastgrpo.max_nodes=1"], "rollout.fastgrpo.max_nodes must be an int >= 2, got 1: the root and one draft"),
         (["rollout.speculation.adaptation=sometimes"], "rollout.speculation.adaptation must be one of"),
         (["rollout.speculation.sync_free_trees=sometimes"], "rollout.speculation.sync_free_trees must be"),
+        (["rollout.speculation.max_depth=5"],
+         "rollout.speculation.max_depth must be null or <= the heads' depth (4), got 5: no draft source reaches past the last head yet"),
         (["model.dtype=int8"], "model.dtype must be one of"),
         (["model.name=tiny-gpt2"], "model.name must be one of tiny-llama, tiny-qwen2 for a tiny model, got 'tiny-gpt2'"),
         (["model.tokenizer=smollm2-135m-instruct"], "model.tokenizer must be null for 'smollm2-135m-instruct', got 'smollm2-135m-instruct': only tiny-* models take a tokenizer; others bring their own"),

@@ -21,7 +21,10 @@ ADAPTATION_MODES = ("static", "reflex", "slow", "both", "every_step")
 
 @dataclass
 class SpeculationConfig:
-    num_heads: int = 4  # H horizon heads = maximum tree depth
+    num_heads: int = 4  # H horizon heads; head d drafts depth d + 1, so H is also the trees' depth by default
+    # Deepest a tree drafts, the root not counted; None = the heads' depth. At most the heads' depth
+    # (refused above it, see `tree_depth`): nothing drafts past the last head yet.
+    max_depth: int | None = None
     head_type: str = "path"  # "path" (Hydra-style, reads the tree path) or "medusa"
     # Trained heads file; "shipped" = the heads for this model: DIR.heads.safetensors beside a model
     # directory, else SpecRoll's shipped ones (untrained if none); None = freshly initialised heads.
@@ -72,6 +75,9 @@ class SpeculationConfig:
 
     def __post_init__(self) -> None:
         check_int("num_heads", self.num_heads, 1)
+        if self.max_depth is not None:
+            check_int("max_depth", self.max_depth, 1)
+        self.tree_depth(self.num_heads)  # the heads this config makes
         check_choice("head_type", self.head_type, HEAD_TYPES)
         check_choice("budget", self.budget, BUDGET_POLICIES)
         check_int("min_nodes", self.min_nodes, 1)
@@ -93,6 +99,16 @@ class SpeculationConfig:
         check_int("records_per_rollout", self.records_per_rollout, 1)
         check_choice("record_nodes", self.record_nodes, RECORD_NODES)
         check_probability("calibration_momentum", self.calibration_momentum, high_open=True)
+
+    def tree_depth(self, heads_depth: int) -> int:
+        """How deep trees draft with heads of `heads_depth` (`HorizonHeads.num_heads`): `max_depth`,
+        or the heads' depth where it is None. The one place tree depth is decided: every structure
+        sized by depth asks the decoder's `depth`, which asks this."""
+        if self.max_depth is None:
+            return heads_depth
+        require(self.max_depth <= heads_depth, "max_depth", self.max_depth, f"null or <= the heads' depth ({heads_depth})",
+                why="no draft source reaches past the last head yet")
+        return self.max_depth
 
     @property
     def scores_would_be(self) -> bool:
