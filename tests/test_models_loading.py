@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specroll.models import (
+    ModelConfig,
     from_hf_state_dict,
     load_causal_lm,
     resolve_checkpoint,
@@ -57,6 +58,16 @@ def test_hf_names_round_trip(model_type):
     assert set(back) == set(original)
     for name, tensor in original.items():
         assert torch.equal(back[name], tensor), name
+
+
+@pytest.mark.parametrize("option, message", [({"attention_bias": True}, "qwen3 with attention_bias"),
+                                             ({"use_sliding_window": True}, "qwen3 with use_sliding_window")])
+def test_qwen3_options_our_forward_lacks_are_refused(option, message):
+    hf_config = tiny_config("qwen3").to_hf()
+    for name, value in option.items():
+        setattr(hf_config, name, value)
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf(hf_config)
 
 
 def test_missing_tensor_is_named():
