@@ -44,12 +44,13 @@ PROMPTS = [[3, 5, 2], [2, 6], [4, 4, 7, 3, 0, 5]]
 PASS_P, FAIL_P = 1e-4, 1e-6
 
 
-# Each setting's `min_deep_share` times this: the tiny Qwen3's trained heads reach depths 2-4
-# less often than the Llama's (22% of its tokens at T=0.7 with 16 nodes, 3% as rows finish).
+# The architectures the tests run on (Qwen3: query/key norms, heads wider than hidden / heads), and
+# each setting's `min_deep_share` times this: the tiny Qwen3's trained heads reach depths 2-4 less
+# often than the Llama's (22% of its tokens at T=0.7 with 16 nodes, 3% as rows finish).
 DEEP_SHARE_SCALE = {"llama": 1.0, "qwen3": 0.4}
 
 
-@pytest.fixture(scope="module", params=sorted(DEEP_SHARE_SCALE))  # qwen3: query/key norms, heads wider than hidden/heads
+@pytest.fixture(scope="module", params=sorted(DEEP_SHARE_SCALE))
 def model(request):
     return build_tiny_model(request.param, vocab_size=VOCAB, eos_token_ids=[EOS], init_std=0.2, seed=3).requires_grad_(False)
 
