@@ -10,7 +10,7 @@ Each step: sample prompts -> push the latest policy to the rollout actors -> rol
 one). With `cluster.overlap` the rollouts of step k+1 are generated while the learner trains
 on step k, so training is one policy version off-policy.
 
-The Hydra tree is `conf/` next to the package, or the directory in $SPECROLL_CONF.
+The Hydra tree is `specroll.command_line.conf_dir()`: `conf/` next to the package, or $SPECROLL_CONF.
 """
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -44,7 +43,7 @@ from specroll.actors import (
 from specroll.actors.local_cluster import start_local_cluster
 from specroll.actors.placement import local_resources
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
-from specroll.configs.renames import renamed_overrides
+from specroll.command_line import conf_dir, errors_as_messages, refuse_renamed
 from specroll.configs.resume_changes import check_resume_changes
 from specroll.data import Problem, PromptStream
 from specroll.eval.evaluation import EvalReport, eval_plan
@@ -52,7 +51,7 @@ from specroll.eval.held_out import load_held_out
 from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_branch, verify_checkpoint
 from specroll.preflight import preflight
 from specroll.run_dir import CHECKPOINTS, CONFIG_NAME, write_run_token
-from specroll.run_owner import Owner, RunDirOwnedError, heartbeat, release_ownership, take_ownership
+from specroll.run_owner import Owner, heartbeat, release_ownership, take_ownership
 from specroll.stops import RunStopped, StopSignals
 from specroll.storage import write_atomically
 from specroll.telemetry import (
@@ -70,20 +69,11 @@ from specroll.telemetry.rollout_log import ROLLOUTS_NAME, RolloutLog
 from specroll.telemetry.run_summary import format_summary
 from specroll.telemetry.sinks import JSONL_NAME
 
-CONF_ENV = "SPECROLL_CONF"
 CURVES_NAME = "run_curves.png"  # under run_dir: the run's curves, drawn at its end
-FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks, kept for ours
-# Errors whose message names what failed (a config field, a file or folder, the Ray address, an actor, a lost
-# cluster): a traceback adds nothing. OSError holds PermissionError, FileNotFoundError and ConnectionError.
-REPORTED_ERRORS = (ValueError, OSError, ActorFailedError, ClusterLostError, RunDirOwnedError)
 # The phases of a step, in order, as `run_training`'s `on_phase` sees them begin.
 WEIGHT_SYNC, GENERATE, HEAD_UPDATE, TRAIN, SAVE = "weight_sync", "generate", "head_update", "train", "save"
 STEP_PHASES = (WEIGHT_SYNC, GENERATE, HEAD_UPDATE, TRAIN, SAVE)
 OnPhase = Callable[[int, str, RunActors], None]
-
-
-def conf_dir() -> str:
-    return os.environ.get(CONF_ENV) or str(Path(__file__).resolve().parents[1] / "conf")
 
 
 @dataclass
@@ -515,18 +505,6 @@ def describe(summary: RunSummary) -> str:
     return "\n".join(lines)
 
 
-@contextmanager
-def errors_as_messages(prefix: str) -> Iterator[None]:
-    """A `REPORTED_ERRORS` error leaves as `prefix: message` on stderr and exit status 1, without the
-    traceback Hydra would print first; with HYDRA_FULL_ERROR=1 it propagates, traceback and all."""
-    try:
-        yield
-    except REPORTED_ERRORS as exc:
-        if os.environ.get(FULL_ERROR_ENV) == "1":
-            raise
-        raise SystemExit(f"{prefix}: {exc}") from None
-
-
 @hydra.main(config_path=conf_dir(), config_name="config", version_base=None)
 def main(hydra_cfg: DictConfig) -> None:
     with errors_as_messages("invalid config"):
@@ -546,13 +524,6 @@ def resume_command(overrides: list[str]) -> str:
     """This launch's command line with resume=auto in place of any resume override."""
     kept = [o for o in overrides if not o.lstrip("+~").startswith("resume=")]
     return shlex.join(["python", "-m", "specroll.train", *kept, "resume=auto"])
-
-
-def refuse_renamed(overrides: list[str]) -> None:
-    """Stop, naming the new spelling, where an override uses a key or value renamed since earlier runs."""
-    renamed = renamed_overrides(overrides)
-    if renamed:
-        raise SystemExit("invalid config: renamed since earlier runs (docs/guide.md, Changelog):\n  " + "\n  ".join(renamed))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from specroll.preflight import PreflightError
 from specroll.run_owner import OWNER_NAME
 from specroll.telemetry import metric_names as m
 from specroll.tools.compare_runs import main as compare_main
-from specroll.train import checkpoint_to_resume, describe, errors_as_messages, run_training
+from specroll.train import checkpoint_to_resume, describe, run_training
 from wandb_records import wandb_history
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,19 +199,6 @@ def test_a_failed_resume_prints_the_error_alone_and_exits_non_zero(tmp_path):
     result = train_in_subprocess(tmp_path, [f"resume={saved}"], HYDRA_FULL_ERROR="1")
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "specroll.learner.checkpoint.CheckpointDamagedError" in result.stderr
-
-
-def test_a_dead_actor_is_reported_as_its_message(monkeypatch):
-    failure = ActorFailedError("rollout actor 1 died during load_policy: killed\n  run again with resume=auto")
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    with pytest.raises(SystemExit) as exited, errors_as_messages("error"):
-        raise failure
-    assert exited.value.code == f"error: {failure}" and exited.value.__cause__ is None
-    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
-    with pytest.raises(ActorFailedError), errors_as_messages("error"):
-        raise failure
-    with pytest.raises(KeyError), errors_as_messages("error"):  # an unnamed error (a bug) keeps its traceback
-        raise KeyError("x")
 
 
 # Records every step. On the smoke run's random, near-uniform policy an update has nothing to
