@@ -40,7 +40,7 @@ from specroll.actors import (
     Rollouts,
     RunActors,
 )
-from specroll.actors.local_cluster import start_local_cluster
+from specroll.actors.ray_cluster import start_local_cluster
 from specroll.actors.placement import local_resources
 from specroll.configs import ClusterSection, TrainConfig, load_train_config
 from specroll.command_line import conf_dir, errors_as_messages, refuse_renamed
