@@ -14,8 +14,6 @@ The Hydra tree is `specroll.command_line.conf_dir()`: `conf/` next to the packag
 """
 from __future__ import annotations
 
-import math
-import os
 import shlex
 import sys
 import time
@@ -26,7 +24,6 @@ from typing import NamedTuple
 
 import hydra
 import ray
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
@@ -40,10 +37,9 @@ from specroll.actors import (
     Rollouts,
     RunActors,
 )
-from specroll.actors.ray_cluster import start_local_cluster
-from specroll.actors.placement import local_resources
-from specroll.configs import ClusterSection, TrainConfig, load_train_config
+from specroll.actors.ray_cluster import connect_ray
 from specroll.command_line import conf_dir, errors_as_messages, refuse_renamed
+from specroll.configs import TrainConfig, load_train_config
 from specroll.configs.resume_changes import check_resume_changes
 from specroll.data import Problem, PromptStream
 from specroll.eval.evaluation import EvalReport, eval_plan
@@ -405,31 +401,6 @@ def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
     if start_branch(checkpoints, path):
         start_wandb_branch(Path(cfg.run_dir))  # the W&B run of the abandoned history is not continued
     return path
-
-
-def connect_ray(cluster: ClusterSection) -> bool:
-    """Join `cluster.ray_address` (or the job's $RAY_ADDRESS), or start a local cluster on the loopback
-    address (`start_local_cluster`); True if started here."""
-    if ray.is_initialized():
-        return False
-    address = cluster.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        try:
-            ray.init(address=address)
-        except ConnectionError as exc:
-            raise ConnectionError(f"cannot reach the Ray cluster at {address} (cluster.ray_address or $RAY_ADDRESS): "
-                                  f"{str(exc).splitlines()[0]}; start it (ray start --head) or unset both for a "
-                                  "local cluster") from exc
-        return True
-    c = cluster
-    gpus = c.num_rollout_actors * c.gpus_per_rollout_actor + c.learner_world_size * c.gpus_per_learner
-    if gpus > torch.cuda.device_count():
-        raise ValueError(f"cluster.gpus_per_rollout_actor / cluster.gpus_per_learner ask for {gpus:g} GPUs; "
-                         f"this machine has {torch.cuda.device_count()}")
-    cpus = c.num_rollout_actors * c.cpus_per_rollout_actor + c.learner_world_size * c.cpus_per_learner
-    # Ray's CPUs are bookkeeping: a laptop with fewer cores still runs the config, just slower.
-    start_local_cluster(max(os.cpu_count() or 1, math.ceil(cpus)), local_resources(c))
-    return True
 
 
 def collect_with_progress(actors: RunActors, pending: PendingRollouts, cfg: TrainConfig) -> Rollouts:

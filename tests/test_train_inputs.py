@@ -19,12 +19,13 @@ import pytest
 import ray
 from hydra import compose, initialize_config_dir
 
+from specroll.actors.ray_cluster import connect_ray
 from specroll.actors.remote_calls import ActorFailedError, gather
 from specroll.configs import ClusterSection, load_train_config
 from specroll.preflight import PreflightError, preflight
 from specroll.run_dir import SeesRunDir, unwritable, write_run_token
 from specroll.run_owner import RunDirOwnedError, release_ownership, take_ownership
-from specroll.train import connect_ray, run_training
+from specroll.train import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKOUT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
