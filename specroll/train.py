@@ -48,6 +48,7 @@ from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_
 from specroll.preflight import preflight
 from specroll.run_dir import CHECKPOINTS, CONFIG_NAME, write_run_token
 from specroll.run_owner import Owner, heartbeat, release_ownership, take_ownership
+from specroll.run_report import RunSummary, describe, summarize_run
 from specroll.stops import RunStopped, StopSignals
 from specroll.storage import write_atomically
 from specroll.telemetry import (
@@ -59,13 +60,9 @@ from specroll.telemetry import (
     summarize_rollout_stats,
 )
 from specroll.telemetry import metric_names as m
-from specroll.telemetry.history import STEP_KEY, RunHistory, eval_file, held_out_curve, read_run
-from specroll.telemetry.plots import plot_run_curves
+from specroll.telemetry.history import eval_file
 from specroll.telemetry.rollout_log import ROLLOUTS_NAME, RolloutLog
-from specroll.telemetry.run_summary import format_summary
-from specroll.telemetry.sinks import JSONL_NAME
 
-CURVES_NAME = "run_curves.png"  # under run_dir: the run's curves, drawn at its end
 # The phases of a step, in order, as `run_training`'s `on_phase` sees them begin.
 WEIGHT_SYNC, GENERATE, HEAD_UPDATE, TRAIN, SAVE = "weight_sync", "generate", "head_update", "train", "save"
 STEP_PHASES = (WEIGHT_SYNC, GENERATE, HEAD_UPDATE, TRAIN, SAVE)
@@ -113,27 +110,6 @@ class LaunchedRollouts(NamedTuple):
     data_position: dict  # the prompt stream's `state_dict()` after this step's batch
 
 
-@dataclass(frozen=True)
-class RunSummary:
-    """What `run_training` hands back, and `describe` prints."""
-
-    run_dir: str
-    first_step: int  # the step this launch began at
-    total_steps: int
-    policy_version: int | None  # the learner's, at the end
-    data_position: dict  # the prompt stream's `state_dict()` at the end
-    last_checkpoint: str | None  # the newest checkpoint written or resumed from; None without any
-    checkpoint_dir: str
-    config_file: str  # the resolved config of this launch
-    metrics_file: str | None  # metrics.jsonl; None without logger.jsonl
-    wandb_run_id: str | None
-    wandb_dir: str | None  # the offline run's directory, or the run's URL online; None without W&B
-    metrics: dict[str, float]  # of the last step; empty when no step ran
-    last_eval: str | None  # this launch's newest held-out evaluation (evals/step_XXXXXXXX.json); None without
-    curves_file: str | None  # the run's curves as a PNG; None without steps
-    table: str | None  # the end-of-run table; None without steps
-
-
 def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors], None] | None = None,
                  on_phase: OnPhase | None = None) -> RunSummary:
     """Train as `cfg` says, from its latest checkpoint when `cfg.resume` allows.
@@ -148,7 +124,9 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
         try:
             prepare(run)
             steps = train_loop(run, on_step_end, on_phase)
-            return report(run, steps)
+            return summarize_run(run.cfg, steps, run.first_step, run.logger, policy_version=run.actors.learner_version,
+                                 data_position=run.stream.state_dict(), last_checkpoint=run.last_checkpoint,
+                                 last_eval=run.last_eval)
         except (ActorFailedError, ClusterLostError) as exc:
             if run.logger is None:  # failed while starting: nothing ran that a resume would continue
                 raise
@@ -309,34 +287,6 @@ def heads_metrics(actors: RunActors, consolidating: PendingConsolidation | None,
     return heads
 
 
-def report(run: Run, steps: list[dict[str, float]]) -> RunSummary:
-    """The run's curves and end-of-run table (from metrics.jsonl, else this launch's steps) and where things are."""
-    cfg, run_dir = run.cfg, run.run_dir
-    if cfg.logger.jsonl:
-        history = read_run(run_dir)
-    else:
-        rows = [{STEP_KEY: step, **metrics} for step, metrics in enumerate(steps, start=run.first_step)]
-        history = RunHistory(run_dir.name, rows, held_out_curve(run_dir))
-    curves_file, table = run_report(history, run_dir / CURVES_NAME)
-    return RunSummary(
-        run_dir=str(run_dir),
-        first_step=run.first_step,
-        total_steps=cfg.total_steps,
-        policy_version=run.actors.learner_version,
-        data_position=run.stream.state_dict(),
-        last_checkpoint=run.last_checkpoint,
-        checkpoint_dir=str(run.checkpoints),
-        config_file=str(run_dir / CONFIG_NAME),
-        metrics_file=str(run_dir / JSONL_NAME) if cfg.logger.jsonl else None,
-        wandb_run_id=run.logger.run_id,
-        wandb_dir=wandb_location(run.logger),
-        metrics=steps[-1] if steps else {},
-        last_eval=run.last_eval,
-        curves_file=curves_file,
-        table=table,
-    )
-
-
 def resume_advice(checkpoints: Path) -> str:
     """What to do after an actor failed mid-run: continue from the newest complete checkpoint, if any."""
     newest = latest_checkpoint(checkpoints)
@@ -435,45 +385,6 @@ def step_metrics(rollouts: Rollouts, trained: LearnerUpdate, heads: dict, weight
         m.STEP_TIME_S: step_s,
     })
     return metrics
-
-
-def run_report(history: RunHistory, curves_path: Path) -> tuple[str | None, str | None]:
-    """The run's curves drawn to `curves_path`, and its end-of-run table; (None, None) without steps."""
-    if not history.rows:
-        return None, None
-    plot_run_curves(history, curves_path)
-    return str(curves_path), format_summary(history)
-
-
-def wandb_location(logger: MetricsLogger) -> str | None:
-    """The offline run's directory (what `wandb sync` takes), the run's URL online, None without W&B."""
-    if logger.wandb is None:
-        return None
-    run = logger.wandb.run
-    return str(Path(run.dir).parent) if run.offline else run.url
-
-
-def describe(summary: RunSummary) -> str:
-    first, total = summary.first_step, summary.total_steps
-    if first < total:
-        head = f"steps {first}-{total - 1} done, policy version {summary.policy_version}"
-    else:
-        head = f"all {total} steps were already done (raise total_steps to go on, or use another run_dir)"
-    lines = [f"SpecRoll run in {summary.run_dir}: {head}"]
-    if summary.wandb_dir:
-        sync = f"   (upload: wandb sync {summary.wandb_dir})" if not summary.wandb_dir.startswith("http") else ""
-        lines.append(f"  W&B run:      {summary.wandb_dir}{sync}")
-    if summary.metrics_file:
-        lines.append(f"  metrics:      {summary.metrics_file}")
-    lines.append(f"  checkpoints:  {summary.checkpoint_dir}   (latest: {summary.last_checkpoint})")
-    lines.append(f"  config:       {summary.config_file}")
-    if summary.last_eval:
-        lines.append(f"  evaluation:   {summary.last_eval}")
-    if summary.curves_file:
-        lines.append(f"  curves:       {summary.curves_file}")
-    if summary.table:
-        lines += ["", "Summary:", summary.table]
-    return "\n".join(lines)
 
 
 @hydra.main(config_path=conf_dir(), config_name="config", version_base=None)

@@ -23,9 +23,10 @@ from specroll.learner import CheckpointDamagedError, GRPOLearner, LearnerConfig,
 from specroll.models import build_tiny_model
 from specroll.preflight import PreflightError
 from specroll.run_owner import OWNER_NAME
+from specroll.run_report import describe
 from specroll.telemetry import metric_names as m
 from specroll.tools.compare_runs import main as compare_main
-from specroll.train import checkpoint_to_resume, describe, run_training
+from specroll.train import checkpoint_to_resume, run_training
 from wandb_records import wandb_history
 
 ROOT = Path(__file__).resolve().parents[1]
