@@ -14,7 +14,6 @@ The Hydra tree is `specroll.command_line.conf_dir()`: `conf/` next to the packag
 """
 from __future__ import annotations
 
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -44,8 +43,9 @@ from specroll.configs.resume_changes import check_resume_changes
 from specroll.data import Problem, PromptStream
 from specroll.eval.evaluation import EvalReport, eval_plan
 from specroll.eval.held_out import load_held_out
-from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_branch, verify_checkpoint
+from specroll.learner import latest_checkpoint
 from specroll.preflight import preflight
+from specroll.resume import checkpoint_to_resume, resume_advice, resume_command
 from specroll.run_dir import CHECKPOINTS, CONFIG_NAME, write_run_token
 from specroll.run_owner import Owner, heartbeat, release_ownership, take_ownership
 from specroll.run_report import RunSummary, describe, summarize_run
@@ -56,7 +56,6 @@ from specroll.telemetry import (
     StepProgress,
     drafter_update_metrics,
     response_metrics,
-    start_wandb_branch,
     summarize_rollout_stats,
 )
 from specroll.telemetry import metric_names as m
@@ -287,14 +286,6 @@ def heads_metrics(actors: RunActors, consolidating: PendingConsolidation | None,
     return heads
 
 
-def resume_advice(checkpoints: Path) -> str:
-    """What to do after an actor failed mid-run: continue from the newest complete checkpoint, if any."""
-    newest = latest_checkpoint(checkpoints)
-    if newest:
-        return f"the last complete checkpoint is {newest}; run again with resume=auto to continue from it"
-    return "no checkpoint was completed yet, so a rerun starts from step 0"
-
-
 def teardown(run: Run) -> None:
     """Close what the run opened (the logger, the actors, Ray if started here), in that order, then
     give up the run_dir: the actors have stopped writing there."""
@@ -325,32 +316,6 @@ def save_resolved_config(cfg: TrainConfig, run_dir: Path) -> None:
     it; every checkpoint keeps the config it was saved under)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(run_dir / CONFIG_NAME, OmegaConf.to_yaml(cfg.to_dict()))
-
-
-def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
-    """The checkpoint `cfg.resume` names, its files verified against its marker, before any actor starts.
-
-    resume=auto takes the newest intact one (warning about each damaged newer one); an explicit
-    path that is damaged raises naming the file rather than falling back to something not asked for.
-    """
-    newest = latest_checkpoint(checkpoints)
-    if cfg.resume == "auto":
-        intact = latest_intact_checkpoint(checkpoints)
-        if newest is not None and intact is None:
-            # Starting afresh would let rotation delete the damaged ones: the user decides.
-            raise ValueError(f"resume=auto: no checkpoint under {checkpoints} is intact (see the warnings); "
-                             "repair one, pass resume=<path>, or choose a new run_dir")
-        return intact
-    if cfg.resume == "never":
-        if newest is not None:
-            raise ValueError(f"resume: run_dir {cfg.run_dir} already holds checkpoints (newest {newest.name}); "
-                             "resume=auto continues them, or choose a new run_dir")
-        return None
-    path = Path(cfg.resume).expanduser()
-    verify_checkpoint(path)
-    if start_branch(checkpoints, path):
-        start_wandb_branch(Path(cfg.run_dir))  # the W&B run of the abandoned history is not continued
-    return path
 
 
 def collect_with_progress(actors: RunActors, pending: PendingRollouts, cfg: TrainConfig) -> Rollouts:
@@ -400,12 +365,6 @@ def main(hydra_cfg: DictConfig) -> None:
             print(stop, file=sys.stderr, flush=True)
             raise SystemExit(stop.exit_code) from None
         print(describe(summary), flush=True)
-
-
-def resume_command(overrides: list[str]) -> str:
-    """This launch's command line with resume=auto in place of any resume override."""
-    kept = [o for o in overrides if not o.lstrip("+~").startswith("resume=")]
-    return shlex.join(["python", "-m", "specroll.train", *kept, "resume=auto"])
 
 
 if __name__ == "__main__":

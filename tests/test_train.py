@@ -19,14 +19,14 @@ from omegaconf import OmegaConf
 from specroll.actors import ActorFailedError
 from specroll.configs import load_train_config
 from specroll.data import PromptStream, load_problems
-from specroll.learner import CheckpointDamagedError, GRPOLearner, LearnerConfig, latest_checkpoint, save_checkpoint
+from specroll.learner import GRPOLearner, LearnerConfig, latest_checkpoint, save_checkpoint
 from specroll.models import build_tiny_model
 from specroll.preflight import PreflightError
 from specroll.run_owner import OWNER_NAME
 from specroll.run_report import describe
 from specroll.telemetry import metric_names as m
 from specroll.tools.compare_runs import main as compare_main
-from specroll.train import checkpoint_to_resume, run_training
+from specroll.train import run_training
 from wandb_records import wandb_history
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,22 +157,6 @@ def test_limits_of_the_model_fail_before_any_actor_starts_naming_the_field(tmp_p
         run_training(cfg)
     # Preflight fails before the config is saved, and so before Ray or any actor starts.
     assert not (tmp_path / "run").exists()
-
-
-def test_resume_passes_over_a_damaged_checkpoint_only_when_auto(tmp_path):
-    checkpoints = tmp_path / "run" / "checkpoints"
-    learner = GRPOLearner(build_tiny_model(), LearnerConfig(device="cpu"))
-    older, newest = (save_checkpoint(learner, checkpoints, step=step) for step in (1, 2))
-    model_states = newest / "deepspeed" / "mp_rank_00_model_states.pt"
-    model_states.write_bytes(model_states.read_bytes()[:100])
-
-    with pytest.warns(UserWarning, match="step_00000002 is damaged: deepspeed/mp_rank_00_model_states.pt has 100 bytes"):
-        assert checkpoint_to_resume(config(tmp_path, []), checkpoints) == older
-    with pytest.raises(CheckpointDamagedError, match="step_00000002 is damaged: deepspeed/mp_rank_00_model_states.pt"):
-        checkpoint_to_resume(config(tmp_path, [f"resume={newest}"]), checkpoints)
-    (older / "state.json").unlink()
-    with pytest.warns(UserWarning), pytest.raises(ValueError, match="resume=auto: no checkpoint under .* is intact"):
-        checkpoint_to_resume(config(tmp_path, []), checkpoints)
 
 
 def damaged_checkpoint(checkpoints: Path) -> Path:
