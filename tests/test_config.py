@@ -157,7 +157,7 @@ def test_activation_checkpointing_is_off_on_cpus_and_on_in_the_gpu_preset():
         (["rollout.speculation.max_depth=5"],
          "rollout.speculation.max_depth must be null or <= the heads' depth (4), got 5: no draft source reaches past the last head yet"),
         (["model.dtype=int8"], "model.dtype must be one of"),
-        (["model.name=tiny-gpt2"], "model.name must be one of tiny-llama, tiny-qwen2 for a tiny model, got 'tiny-gpt2'"),
+        (["model.name=tiny-gpt2"], "model.name must be one of tiny-llama, tiny-qwen2, tiny-qwen3 for a tiny model, got 'tiny-gpt2'"),
         (["model.tokenizer=smollm2-135m-instruct"], "model.tokenizer must be null for 'smollm2-135m-instruct', got 'smollm2-135m-instruct': only tiny-* models take a tokenizer; others bring their own"),
         (["logger.mode=cloud"], "logger.mode must be one of 'offline', 'online', 'disabled'"),
         (["cluster.gpus_per_learner=1.5"], "cluster.gpus_per_learner must be a fraction up to 1 or a whole number, got 1.5: Ray's rule"),
@@ -247,7 +247,7 @@ def test_tiny_model_with_a_tokenizer_takes_its_vocabulary():
 
 def test_an_override_renamed_since_earlier_runs_is_named_with_its_new_spelling():
     from specroll.configs.renames import renamed_overrides
-    from specroll.train import refuse_renamed
+    from specroll.command_line import refuse_renamed
 
     assert renamed_overrides(["rollout.spec.budget=fixed", "+rollout.spec.x=1", "rollout=specroll",
                               "rollout.mode=specroll", "rollout=speculation", "rollout.speculation.budget=fixed",

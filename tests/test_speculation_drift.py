@@ -9,7 +9,7 @@ import torch
 
 from specroll.configs import build_dataclass
 from specroll.speculation import SpeculationConfig
-from specroll.speculation.adaptation.drift import (
+from specroll.speculation.adaptation.drift_detector import (
     DriftConfig,
     DriftDetector,
     HeadTelemetry,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from specroll.config_checks import check_choice, check_int, check_number, check_probability, require
 
 from .adaptation.consolidation import ConsolidationConfig
-from .adaptation.drift import DriftConfig
+from .adaptation.drift_detector import DriftConfig
 from .adaptation.head_records import RECORD_NODES
 from .adaptation.reflex import ReflexConfig
 from .budgets.policies import BUDGET_POLICIES
