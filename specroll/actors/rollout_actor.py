@@ -1,8 +1,7 @@
 """The rollout actor: a policy replica with draft heads and the speculative engine.
 
-Per step it generates `rollout.n` responses to each prompt of its shard, scores them, returns
-`Rollouts`, and sends the head-consolidation actor a `DriftRecord`. With `rollout=fastgrpo` it
-then trains its FastGRPO drafter on the responses it just generated (online draft learning,
+Per step it generates `rollout.n` responses to each prompt of its shard, scores them and returns
+`Rollouts` (with the slow path's head records). With `rollout=fastgrpo` it then trains its FastGRPO drafter on the responses it just generated (online draft learning,
 paid for inside the step, as FastGRPO does). Policy weights and head
 weights arrive through their own calls, each with a version; Ray runs an actor's calls one at
 a time, so weights never change during a generate call, and a generate call names the policy
@@ -30,7 +29,6 @@ from specroll.speculation import HorizonHeads
 from specroll.speculation.drafting.heads_state import HeadsState
 
 from .batch import Rollouts, prompt_key
-from .head_consolidation_actor import DriftRecord
 from .placement import actor_device, model_cache, use_cpus
 from .rendezvous import MasterAddress
 from .sync_group import MemberDevice, SyncGroup, member_device
@@ -51,12 +49,11 @@ class RolloutActor(SeesRunDir):
     Args:
         cfg: the run's config (model, rollout, data.reward, seed, cluster resources).
         index: this actor's number, used in errors and telemetry.
-        consolidation: the head-consolidation actor's handle, or None (no drift telemetry).
     """
 
-    def __init__(self, cfg: TrainConfig, index: int, consolidation=None) -> None:
+    def __init__(self, cfg: TrainConfig, index: int) -> None:
         use_cpus(cfg.cluster.cpus_per_rollout_actor)
-        self.cfg, self.index, self.consolidation = cfg, index, consolidation
+        self.cfg, self.index = cfg, index
         model, tokenizer = replace(cfg.model, device=actor_device(cfg.model.device)).load(cfg.seed, model_cache(cfg))
         validate_against_model(cfg, model.config.max_position_embeddings)
         if tokenizer is None:
@@ -177,10 +174,6 @@ class RolloutActor(SeesRunDir):
         decoder = self.engine.decoder
         records = self.cfg.rollout.speculates and decoder.collects_head_records
         head_records = [decoder.pop_head_records()] if records else []
-        if self.consolidation is not None and head_version is not None:
-            # Not waited on: telemetry must never stall rollouts.
-            self.consolidation.record.remote(
-                DriftRecord.from_stats(out.stats.tree, self.index, step, policy_version, head_version))
         scored = time.perf_counter()
         drafter_updates = []
         if self.drafter_learner is not None:

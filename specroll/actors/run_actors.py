@@ -21,7 +21,7 @@ from specroll.speculation.drafting.suffix_drafts import merged_history
 from specroll.telemetry import metric_names as m
 
 from .batch import Rollouts, split_groups
-from .head_consolidation_actor import DriftRecord, HeadConsolidationActor
+from .head_consolidation_actor import HeadConsolidationActor
 from .learner_actor import LearnerActor, LearnerUpdate
 from .placement import Placement, as_remote, reserve
 from .remote_calls import actor_names, cluster_reachable, gather
@@ -79,7 +79,7 @@ class RunActors:
         learner_cls = as_remote(LearnerActor, c.cpus_per_learner, c.gpus_per_learner, c.learner_resources)
         actors = cls(
             cfg,
-            [rollout_cls.options(**placement.rollout_actor(i)).remote(cfg, i, consolidation)
+            [rollout_cls.options(**placement.rollout_actor(i)).remote(cfg, i)
              for i in range(c.num_rollout_actors)],
             [learner_cls.options(**placement.learner_rank(rank)).remote(cfg, rank, c.learner_world_size)
              for rank in range(c.learner_world_size)],
@@ -274,9 +274,6 @@ class RunActors:
     def publish_heads(self, state: dict[str, torch.Tensor]) -> int:
         """New draft-head weights for every rollout actor; returns their version."""
         return self.wait([(CONSOLIDATION, self.consolidation.publish_heads.remote(state))], "publish_heads")[0]
-
-    def drift_history(self) -> list[DriftRecord]:
-        return self.wait([(CONSOLIDATION, self.consolidation.drift_history.remote())], "drift_history")[0]
 
     def rollout_call(self, method: str, *args) -> list:
         """`method(*args)` on every rollout actor (e.g. `versions`, `response_logprobs`), in actor order."""
