@@ -108,7 +108,7 @@ def test_two_grpo_steps_increment_the_policy_version(two_steps):
     assert steps[1]["rollouts"].prompt_indices == list(range(PROMPTS))
     assert len(steps[1]["rollouts"].engine_stats) == 2  # one per rollout actor
     assert actors.learner_version == 2
-    assert [v.policy for v in actors.rollout_call("versions")] == [2, 2]
+    assert [v.policy for v in actors.rollout_versions()] == [2, 2]
 
 
 def test_every_rollout_actor_scores_a_response_as_the_learner_does(two_steps):
@@ -116,7 +116,7 @@ def test_every_rollout_actor_scores_a_response_as_the_learner_does(two_steps):
     rollouts = steps[0]["rollouts"]
     prompts, responses = rollouts.prompt_ids_per_response()[:3], rollouts.response_ids[:3]
     learner = actors.learner_logprobs(prompts, responses)
-    for replica in actors.rollout_call("response_logprobs", prompts, responses):
+    for replica in actors.rollout_logprobs(prompts, responses):
         for ours, theirs in zip(replica, learner):
             torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=0, atol=1e-5)
     # The log-probs the responses were sampled with (version 0) are clearly others.
@@ -126,14 +126,14 @@ def test_every_rollout_actor_scores_a_response_as_the_learner_does(two_steps):
 
 def test_published_heads_reach_every_rollout_actor(two_steps):
     _, actors, problems, _ = two_steps
-    initial = actors.rollout_call("heads_state")[0]
+    initial = actors.rollout_heads()[0]
     new_state = {k: v + 0.01 for k, v in initial.state.items()}
     assert actors.publish_heads(new_state) == initial.version + 1
-    assert [v.heads for v in actors.rollout_call("versions")] == [1, 1]
-    for held in actors.rollout_call("heads_state"):
+    assert [v.heads for v in actors.rollout_versions()] == [1, 1]
+    for held in actors.rollout_heads():
         assert held.version == 1 and all(torch.equal(held.state[k], new_state[k]) for k in new_state)
     # A stale broadcast never replaces newer heads.
-    assert actors.rollout_call("set_heads", replace(initial, version=0)) == [1, 1]
+    assert ray.get([actor.set_heads.remote(replace(initial, version=0)) for actor in actors.rollout]) == [1, 1]
     metrics = actors.heads_metrics()
     assert metrics["heads/version"] == 1 and metrics["timing_s/head_sync"] > 0
     rollouts = actors.collect_rollouts(actors.start_rollouts(2, problems[:PROMPTS]))
@@ -143,7 +143,7 @@ def test_published_heads_reach_every_rollout_actor(two_steps):
 def test_heads_saved_as_dicts_restore_the_consolidation_actor(two_steps, tmp_path):
     """`heads.pt` holds plain dicts, in checkpoints old and new: they restore the heads and the slow path's state."""
     cfg, actors, _, _ = two_steps
-    initial = actors.rollout_call("heads_state")[0]
+    initial = actors.rollout_heads()[0]
     spec = replace(cfg.rollout.speculation, adaptation="slow")
     consolidator = HeadConsolidator(HorizonHeads.from_state(asdict(initial.meta), initial.state), spec.adaptation,
                                     spec.drift, spec.consolidation)
