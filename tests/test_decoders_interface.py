@@ -15,12 +15,12 @@ from specroll.actors import RolloutActor
 from specroll.configs import load_train_config, sections
 from specroll.configs.sections import RolloutSection
 from specroll.data import load_problems
-from specroll.decoders import DECODERS, Decoder, RolloutDecoder, build_decoder, resumed_checkpoints
+from specroll.decoders import DECODERS, RolloutDecoder, build_decoder, resumed_checkpoints
 from specroll.eval.evaluation import eval_plan
 from specroll.fastgrpo import FastGRPOConfig
 from specroll.models.flat_weights import FlatWeights
 from specroll.models.tiny import build_tiny_model
-from specroll.rollout.decoder import DecoderCheckpoint
+from specroll.rollout.decoder import Decoder, DecoderCheckpoint
 from specroll.rollout.plain_decoder import PlainDecoder
 from specroll.speculation import SpeculationConfig
 
