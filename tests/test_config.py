@@ -153,6 +153,7 @@ def test_activation_checkpointing_is_off_on_cpus_and_on_in_the_gpu_preset():
         (["rollout=fastgrpo", "rollout.fastgrpo.max_nodes=1"], "rollout.fastgrpo.max_nodes must be >= 2"),
         (["rollout.speculation.adaptation=sometimes"], "rollout.speculation.adaptation must be one of"),
         (["rollout.speculation.sync_free_trees=sometimes"], "rollout.speculation.sync_free_trees must be"),
+        (["rollout.speculation.max_depth=5"], "speculation.max_depth (5) is deeper than the heads (4)"),
         (["model.dtype=int8"], "model.dtype must be one of"),
         (["model.name=tiny-gpt2"], "model.name 'tiny-gpt2' is not a tiny model"),
         (["model.tokenizer=smollm2-135m-instruct"], "model.tokenizer is only for tiny-* models"),

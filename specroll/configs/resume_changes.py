@@ -48,6 +48,7 @@ RULES: dict[str, str] = {
     **kind(CHANGES_RUN, "rollout", "mode temperature top_p top_k max_new_tokens n"),
     **kind(SAFE, "rollout", "compile sync_every"),
     **kind(FIXED, "rollout.speculation", "num_heads head_type"),  # the shape of the checkpoint's heads.pt
+    **kind(SAFE, "rollout.speculation", "max_depth"),  # how deep trees draft: speed, never what is sampled
     **kind(SAFE, "rollout.speculation", "heads_path budget fixed_nodes would_be_every min_nodes max_nodes min_gain "
                                         "capacity sync_free_trees max_children max_frontier calibration_momentum "
                                         "context_lookup lookup_ngram head_drafts sibling_lookup history_lookup "

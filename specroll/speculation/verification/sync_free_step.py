@@ -80,20 +80,22 @@ class SyncFreeTreeStep:
         self.draft_step = StepFunction(draft_tree_step, compile, device)
         self.judge_step = StepFunction(judge_tree_step, compile, device)
 
-    def shape(self, lookup_momentum: float) -> TreeShape:
+    def shape(self, depth: int, lookup_momentum: float) -> TreeShape:
         cfg = self.cfg
         # PassCounts keeps emitted counts apart up to max_nodes.
-        return TreeShape(self.drafts, cfg.max_children, cfg.max_frontier, cfg.lookup_ngram if cfg.context_lookup else 0,
-                         cfg.calibration_momentum, lookup_momentum, cfg.max_nodes)
+        return TreeShape(self.drafts, depth, cfg.max_children, cfg.max_frontier,
+                         cfg.lookup_ngram if cfg.context_lookup else 0, cfg.calibration_momentum, lookup_momentum,
+                         cfg.max_nodes)
 
-    def __call__(self, model, heads: HorizonHeads, verify, state: DecodeState, budget: int, observed: torch.Tensor,
-                 predicted: torch.Tensor, lookup: LookupAcceptance) -> SyncFreeRun:
-        """A tree step of `budget` nodes for every row of `state`, drafted from heads calibrated by
-        `observed` / `predicted` and `lookup`'s chain estimates, accepted by `verify`: the state moves
-        past the accepted paths; what the pass teaches the decoder is in the judged tree."""
+    def __call__(self, model, heads: HorizonHeads, depth: int, verify, state: DecodeState, budget: int,
+                 observed: torch.Tensor, predicted: torch.Tensor, lookup: LookupAcceptance) -> SyncFreeRun:
+        """A tree step of `budget` nodes, at most `depth` deep, for every row of `state`, drafted from
+        heads calibrated by `observed` / `predicted` and `lookup`'s chain estimates, accepted by
+        `verify`: the state moves past the accepted paths; what the pass teaches the decoder is in
+        the judged tree."""
         t0 = time.perf_counter()
         nodes = sync_free_bucket(budget, self.cfg.max_nodes)
-        shape = self.shape(lookup.momentum)
+        shape = self.shape(depth, lookup.momentum)
         cache, history = state.cache, state.history
         lengths = cache.lengths[: state.batch_size]
         # A finished row waiting in the batch has its tree written from slot 0, so it always fits in the cache.
@@ -105,13 +107,13 @@ class SyncFreeTreeStep:
         t1 = time.perf_counter()
         logits, hidden = self.verify_forward(model.form, model, drafted.ids, lengths[:, None] + drafted.depths,
                                              cache, drafted.mask, state.span(nodes), begins_step=False)
-        judged = self.judge_step(form, verify, heads, drafted, logits, hidden, cache, state.live, state.rng.keys,
+        judged = self.judge_step(form, verify, drafted, logits, hidden, cache, state.live, state.rng.keys,
                                  state.rng.counters, observed, predicted, lookup_rate, state.params, shape,
                                  begins_step=False)
         t2 = time.perf_counter()
         # Copied, as what the next step reads: a GPU's next step replays over its graphs' outputs.
         state.last_hidden, state.rng.counters = judged.last_hidden.clone(), judged.counters.clone()
-        state.cached_bound += min(budget, heads.num_heads + 1)  # the longest path this tree can accept
+        state.cached_bound += min(budget, depth + 1)  # the longest path this tree can accept
         return SyncFreeRun(judged, nodes, t1 - t0, t2 - t1)
 
     def pop_compiles(self) -> list[CompileStats]:

@@ -30,6 +30,7 @@ class TreeShape:
     node bucket: the bucket is an argument)."""
 
     drafts: int  # nodes drafted per row, enough for the largest bucket
+    depth: int  # deepest a tree drafts (the decoder's `depth`)
     max_children: int
     max_frontier: int
     lookup_ngram: int  # 0: no context lookup
@@ -80,14 +81,14 @@ def draft_tree_step(form: str, model, heads, roots: torch.Tensor, hidden: torch.
                              shape.max_frontier)
     lookup = None
     if shape.lookup_ngram:
-        lookup = lookup_drafts(history_tokens, history_lengths, shape.lookup_ngram, min(heads.num_heads, shape.drafts))
+        lookup = lookup_drafts(history_tokens, history_lengths, shape.lookup_ngram, min(shape.depth, shape.drafts))
         cands = add_lookup_candidates(cands, lookup, chain_step_logp(lookup_rate, lookup))
     tree = select_tree(cands, num_drafts, tree_size)
-    ids, depths, mask = padded_tree_inputs(roots, tree, tree_size + 1, heads.num_heads)
+    ids, depths, mask = padded_tree_inputs(roots, tree, tree_size + 1, shape.depth)
     return DraftedTree(tree, lookup, ids, depths, mask)
 
 
-def judge_tree_step(form: str, verify, heads, drafted: DraftedTree, logits: torch.Tensor, hidden: torch.Tensor, cache,
+def judge_tree_step(form: str, verify, drafted: DraftedTree, logits: torch.Tensor, hidden: torch.Tensor, cache,
                     live: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor, observed: torch.Tensor,
                     predicted: torch.Tensor, lookup_rate: torch.Tensor | None, params: SamplingParams,
                     shape: TreeShape) -> JudgedTree:
@@ -97,17 +98,17 @@ def judge_tree_step(form: str, verify, heads, drafted: DraftedTree, logits: torc
     specialise(form)
     logprobs = sampling_logprobs(logits, params)
     uniforms = None if params.greedy else uniforms_at(keys, counters[:, None] + drafted.depths)
-    verdict = verify(logprobs, drafted.tree, uniforms, params.greedy, heads.num_heads)
+    verdict = verify(logprobs, drafted.tree, uniforms, params.greedy, shape.depth)
     emitted = verdict.counts * live
     # The longest path any tree can accept, whatever its bucket: a width known without reading the counts.
-    cache.commit_gather(verdict.path[:, : min(shape.drafts, heads.num_heads) + 1], emitted)
+    cache.commit_gather(verdict.path[:, : min(shape.drafts, shape.depth) + 1], emitted)
     last = torch.gather(verdict.path, 1, (verdict.counts - 1)[:, None])
     last_hidden = torch.gather(hidden, 1, last[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
     observed, predicted = calibrated(observed, predicted, verdict, live, shape.calibration_momentum)
     on_chain = None
     if drafted.lookup is not None:
         lookup_rate, on_chain = learned_rates(lookup_rate, shape.lookup_momentum, drafted.lookup, verdict.tokens, emitted)
-    increments = pass_increments(shape.max_tokens, heads.num_heads, verdict.counts, live, verdict.accepted_at_depth,
+    increments = pass_increments(shape.max_tokens, shape.depth, verdict.counts, live, verdict.accepted_at_depth,
                                  on_chain)
     return JudgedTree(verdict.tokens, verdict.logprobs, verdict.counts, last_hidden, counters + verdict.counts,
                       observed, predicted, lookup_rate, increments)
