@@ -9,14 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from specroll.configs import load_train_config
+from specroll.command_line import compose_train_config
 from specroll.plan import model_shape, plan_memory, shipped_architecture
 from specroll.plan.__main__ import main as plan_main
 from specroll.plan.architecture import ModelShape
 from specroll.plan.terms import activations, cache_shape, kv_cache, layer_backward, logits, model_states
-from specroll.train import conf_dir
 
 PRESETS = ("paper_gsm8k_qwen2_5_1_5b", "paper_qwen2_5_1_5b", "paper_qwen2_5_3b", "paper_qwen2_5_7b",
            "paper_llama3_1_8b", "paper_qwen2_5_14b", "paper_qwen2_5_14b_2node")
@@ -29,8 +27,7 @@ SMALL = ModelShape(vocab=16, hidden=4, intermediate=8, layers=2, heads=2, kv_hea
 
 
 def config(*overrides: str):
-    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        return load_train_config(compose("config", overrides=list(overrides)))
+    return compose_train_config(list(overrides))
 
 
 def test_model_states_by_hand():

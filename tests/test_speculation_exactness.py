@@ -30,7 +30,7 @@ from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens, sampling
 from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.adaptation.consolidation import ConsolidationConfig, HeadConsolidator
-from specroll.speculation.adaptation.drift import DriftConfig
+from specroll.speculation.adaptation.drift_detector import DriftConfig
 from specroll.speculation.adaptation.reflex import ReflexConfig
 from specroll.speculation.budgets import tree_gate
 from specroll.speculation.drafting.tree import DraftTree

@@ -23,7 +23,8 @@ from ray.cluster_utils import Cluster
 from specroll.configs import load_train_config
 from specroll.learner import latest_checkpoint
 from specroll.learner.lineage import ABANDONED, complete_checkpoints
-from specroll.train import GENERATE, HEAD_UPDATE, SAVE, TRAIN, WEIGHT_SYNC, errors_as_messages, run_training
+from specroll.command_line import errors_as_messages
+from specroll.train import GENERATE, HEAD_UPDATE, SAVE, TRAIN, WEIGHT_SYNC, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

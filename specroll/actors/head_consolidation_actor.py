@@ -23,7 +23,7 @@ from specroll.models.weight_buckets import Bucket, BucketPlan
 from specroll.run_dir import SeesRunDir
 from specroll.speculation import HorizonHeads, SpeculationConfig
 from specroll.speculation.adaptation.consolidation import HeadConsolidator
-from specroll.speculation.adaptation.drift import merge_telemetry
+from specroll.speculation.adaptation.drift_detector import merge_telemetry
 from specroll.speculation.adaptation.head_records import HeadRecords
 from specroll.speculation.adaptation.replay import cat_records
 from specroll.speculation.drafting.heads_state import HeadsState

@@ -19,15 +19,14 @@ import json
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
+from specroll.command_line import compose_train_config, conf_dir, errors_as_messages
 from specroll.configs import TrainConfig, load_train_config
 from specroll.configs.train import check_held_out
 from specroll.decoders import build_decoder
 from specroll.rollout import RolloutEngine
-from specroll.train import conf_dir, errors_as_messages
 
 from .evaluation import EvalReport, eval_plan, evaluate
 from .held_out import load_held_out
@@ -86,8 +85,7 @@ def eval_config(source: str, policy: CheckpointPolicy | None, overrides: list[st
         # resume: the saved run's value may name a checkpoint since moved; nothing is resumed here.
         return load_train_config(apply_overrides({**policy.run_config, "resume": "auto"}, overrides))
     name = policy.model_section.name if policy is not None else source
-    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        return load_train_config(compose("config", overrides=[f"model.name={name}", *overrides]))
+    return compose_train_config([f"model.name={name}", *overrides])
 
 
 def run_eval(source: str, overrides: list[str], show_progress: bool = True) -> tuple[TrainConfig, EvalReport]:

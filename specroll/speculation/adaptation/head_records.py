@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from ..drafting.heads import draft_policy_top
-from .drift import HeadTelemetry, depth_bucket, merge_telemetry
+from .drift_detector import HeadTelemetry, depth_bucket, merge_telemetry
 from .maturation import MaturedProposals, Proposal, node_paths, tree_proposals
 from .replay import MaturedRecords, cat_records
 
