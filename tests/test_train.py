@@ -199,7 +199,7 @@ def test_head_updates_reach_the_rollout_actors_and_resume_keeps_the_detector(ray
     seen = []
 
     def heads_held(step, metrics, actors):
-        seen.append((metrics, [v.heads for v in actors.rollout_call("versions")]))
+        seen.append((metrics, [v.heads for v in actors.rollout_versions()]))
 
     run_training(config(tmp_path, [*SLOW, "rollout.speculation.adaptation=every_step", "total_steps=2"]), on_step_end=heads_held)
     (first, held_after_0), (second, held_after_1) = seen
