@@ -41,6 +41,7 @@ from specroll.command_line import conf_dir, errors_as_messages, refuse_renamed
 from specroll.configs import TrainConfig, load_train_config
 from specroll.configs.resume_changes import check_resume_changes
 from specroll.data import Problem, PromptStream
+from specroll.decoders import heads_config
 from specroll.eval.evaluation import EvalReport, eval_plan
 from specroll.eval.held_out import load_held_out
 from specroll.learner import latest_checkpoint
@@ -98,7 +99,8 @@ class Run:
     @property
     def waits_for_heads(self) -> bool:
         """Whether a step waits for the slow path's head update before the learner's."""
-        return self.cfg.rollout.speculates and self.cfg.rollout.speculation.consolidation.wait
+        spec = heads_config(self.cfg.rollout)
+        return spec is not None and spec.consolidation.wait
 
 
 class LaunchedRollouts(NamedTuple):

@@ -46,7 +46,7 @@ MATRIX = [
     ("learner rank 0", WEIGHT_SYNC, "learner rank 0 died during sync_policy"),
     ("learner rank 0", TRAIN, "learner rank 0 died during train"),
     ("learner rank 0", SAVE, "learner rank 0 died during save_checkpoint"),
-    (CONSOLIDATION, GENERATE, f"{CONSOLIDATION} died during consolidate"),  # it takes drift records unawaited
+    (CONSOLIDATION, GENERATE, f"{CONSOLIDATION} died during consolidate"),  # rollout actors never call it
     (CONSOLIDATION, WEIGHT_SYNC, f"{CONSOLIDATION} died during sync_policy"),
     (CONSOLIDATION, HEAD_UPDATE, f"{CONSOLIDATION} died during consolidate"),
     (CONSOLIDATION, SAVE, f"{CONSOLIDATION} died during save_checkpoint"),  # not the learner whose save waited

@@ -124,7 +124,7 @@ def run_mode(mode: str, race: Race, args, extra: list[str]) -> ModeRun:
 
     def on_step_end(step: int, metrics: dict, actors) -> None:
         if step == args.warmup_steps and mode != VANILLA:
-            stats = actors.rollout_call("last_rollout_stats")[0]
+            stats = actors.rollout_stats()[0]
             traces.append(RolloutTrace(list(stats.active_rows_per_step), list(stats.tree.budget_per_step)))
 
     print(f"\n== {race.label}: {mode}", flush=True)
