@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
-from .configs.sections import RolloutSection
+from .configs.sections import RolloutConfig
 from .fastgrpo.decoder import FastGRPODecoder
 from .fastgrpo.online import DrafterUpdate
 from .rollout.decoder import Decoder, DecoderCheckpoint
@@ -57,14 +57,14 @@ class RolloutDecoder(Decoder, Protocol):
 
 
 # (policy, rollout config, seed of what it learns, a checkpoint's heads or None) -> the decoder
-DecoderBuilder = Callable[[object, RolloutSection, int, HeadsState | None], RolloutDecoder]
+DecoderBuilder = Callable[[object, RolloutConfig, int, HeadsState | None], RolloutDecoder]
 
 
-def plain(model, rollout: RolloutSection, seed: int, heads: HeadsState | None) -> PlainDecoder:
+def plain(model, rollout: RolloutConfig, seed: int, heads: HeadsState | None) -> PlainDecoder:
     return PlainDecoder(model, compile=rollout.compile)
 
 
-def speculative(model, rollout: RolloutSection, seed: int, heads: HeadsState | None) -> SpeculativeDecoder:
+def speculative(model, rollout: RolloutConfig, seed: int, heads: HeadsState | None) -> SpeculativeDecoder:
     spec = rollout.speculation
     if heads is not None:  # a checkpoint's heads replace the configured ones: none are looked for
         spec = replace(spec, heads_path=None)
@@ -74,20 +74,20 @@ def speculative(model, rollout: RolloutSection, seed: int, heads: HeadsState | N
     return decoder
 
 
-def fastgrpo(model, rollout: RolloutSection, seed: int, heads: HeadsState | None) -> FastGRPODecoder:
+def fastgrpo(model, rollout: RolloutConfig, seed: int, heads: HeadsState | None) -> FastGRPODecoder:
     return FastGRPODecoder(model, rollout.fastgrpo, compile=rollout.compile, seed=seed)
 
 
 DECODERS: dict[str, DecoderBuilder] = {"vanilla": plain, "speculation": speculative, "fastgrpo": fastgrpo}
 
 
-def build_decoder(model, rollout: RolloutSection, seed: int = 0, heads: HeadsState | None = None) -> RolloutDecoder:
+def build_decoder(model, rollout: RolloutConfig, seed: int = 0, heads: HeadsState | None = None) -> RolloutDecoder:
     """`rollout.mode`'s decoder of `model`, compiled where `rollout.compile` says; `seed` seeds what it
     learns online, `heads` (a checkpoint's) replace the configured horizon heads where it has any."""
     return DECODERS[rollout.mode](model, rollout, seed, heads)
 
 
-def heads_config(rollout: RolloutSection) -> SpeculationConfig | None:
+def heads_config(rollout: RolloutConfig) -> SpeculationConfig | None:
     """The settings of the horizon heads `rollout`'s decoder drafts with, which the head-consolidation
     actor keeps and adapts; None: it drafts with none (no consolidation actor)."""
     return rollout.speculation if rollout.mode == "speculation" else None

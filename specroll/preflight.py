@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from specroll.configs import TrainConfig, validate_against_model
-from specroll.configs.train import RESUME_MODES
+from specroll.configs.train_config import RESUME_MODES
 from specroll.data import Problem, load_problems
 from specroll.data.prompt_lengths import prompt_lengths, split_long_prompts
 from specroll.plan import check_fits

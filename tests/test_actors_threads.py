@@ -9,14 +9,14 @@ from hydra import compose, initialize_config_dir
 
 from specroll.actors import RunActors
 from specroll.actors.threads import PhaseThreads, node_cores, phase_threads
-from specroll.configs import ClusterSection, load_train_config
+from specroll.configs import ClusterConfig, load_train_config
 from specroll.data import load_problems
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-def cluster(**fields) -> ClusterSection:
-    return ClusterSection(**fields)
+def cluster(**fields) -> ClusterConfig:
+    return ClusterConfig(**fields)
 
 
 def test_alternating_phases_give_the_active_side_the_whole_node():

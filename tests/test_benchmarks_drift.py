@@ -8,13 +8,13 @@ import torch
 
 from specroll.benchmarks.drift import load_snapshot, main, markdown_table, mean_kl
 from specroll.learner import GRPOLearner, GRPOSamples, LearnerConfig, save_checkpoint
-from specroll.configs.sections import ModelSection
+from specroll.models import ModelConfig
 from specroll.models import build_tiny_model
 
 
 def test_a_checkpoint_loads_as_the_policy_it_holds(tmp_path):
     run_model = {"name": "tiny-llama", "dtype": "float32", "device": "cpu", "tokenizer": None}
-    model, _ = ModelSection(**run_model).load(seed=5)
+    model, _ = ModelConfig(**run_model).load(seed=5)
     learner = GRPOLearner(model, LearnerConfig(lr=1e-2, mini_batch_size=2, micro_batch_tokens=16, device="cpu"))
     learner.update(GRPOSamples([[2, 3], [4, 5, 6]], [[7, 8, 9], [10]], torch.tensor([1.0, -1.0])))
     saved = save_checkpoint(learner, tmp_path, step=1, run_config={"model": run_model})
@@ -25,7 +25,7 @@ def test_a_checkpoint_loads_as_the_policy_it_holds(tmp_path):
     assert loaded.config.name == "tiny-llama" and state.keys() == trained.keys()
     for name, value in trained.items():
         assert torch.equal(state[name], value), name
-    untouched, _ = ModelSection(**run_model).load(seed=5)
+    untouched, _ = ModelConfig(**run_model).load(seed=5)
     assert not torch.equal(untouched.state_dict()["layers.0.mlp.down_proj.weight"],
                            state["layers.0.mlp.down_proj.weight"])  # the update is in the weights read back
 

@@ -1,4 +1,5 @@
 """The Hydra tree in conf/ and the typed TrainConfig it loads into: defaults, overrides, fail-fast errors."""
+import re
 from pathlib import Path
 
 import pytest
@@ -7,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
-from specroll.configs import ModelSection, TrainConfig, load_train_config, validate_against_model
+from specroll.configs import ModelConfig, TrainConfig, load_train_config, validate_against_model
 from specroll.decoders import build_decoder
 from specroll.fastgrpo import FastGRPOConfig, FastGRPODecoder, OnlineConfig
 from specroll.learner import LearnerConfig
@@ -119,65 +120,66 @@ def test_activation_checkpointing_is_off_on_cpus_and_on_in_the_gpu_preset():
         (["data.prompts_per_step=0"], "data.prompts_per_step must be an int >= 1"),
         (["data.long_prompts=truncate"], "data.long_prompts must be one of 'fail', 'drop', got 'truncate'"),
         (["keep_last=1"], "keep_last must be an int >= 2, got 1"),
-        (["rollout.max_new_tokens=-5"], "rollout.max_new_tokens must be >= 1"),
+        (["rollout.max_new_tokens=-5"], "rollout.max_new_tokens must be an int >= 1, got -5"),
         (["learner.micro_batch_tokens=-1"], "learner.micro_batch_tokens must be an int >= 1"),
         (["cluster.remote_timeout_s=0"], "cluster.remote_timeout_s must be a finite number > 0"),
-        (["rollout.speculation.min_nodes=32"], "rollout.speculation.max_nodes (16) must be >= rollout.speculation.min_nodes (32)"),
-        (["learner.zero_stage=4"], "learner.zero_stage must be one of (0, 1, 2, 3), got 4"),
+        (["rollout.speculation.min_nodes=32"], "rollout.speculation.max_nodes must be an int >= 32, got 16: min_nodes is the least a step drafts"),
+        (["learner.zero_stage=4"], "learner.zero_stage must be one of 0, 1, 2, 3, got 4"),
         (["learner.activation_checkpointing=sometimes"], "learner.activation_checkpointing must be a bool, got 'sometimes'"),
-        (["learner.loss.clip_low=1.5"], "learner.loss.clip_low must be in [0, 1)"),
+        (["learner.loss.clip_low=1.5"], "learner.loss.clip_low must be a finite number in [0, 1), got 1.5"),
         (["learner.loss.kl_estimator=k9"], "learner.loss.kl_estimator must be one of 'k1', 'k2', 'k3'"),
         (["learner/loss=cispo", "learner.loss.aggregation=seq-mean-token-mean"],
-         "learner.loss.surrogate 'cispo' needs aggregation 'token-mean'"),
+         "learner.loss.aggregation must be 'token-mean' with surrogate 'cispo', got 'seq-mean-token-mean': CISPO normalises by tokens, as in TRL"),
         (["learner.loss.mismatch_correction=token_truncate", "learner.loss.mismatch_weight_max=null"],
-         "learner.loss.mismatch_correction 'token_truncate' needs mismatch_weight_max or mismatch_weight_min"),
-        (["learner.overlong_buffer_len=4"], "learner.overlong_buffer_len (4) needs overlong_max_len set"),
-        (["data.synthetic.max_steps=1"], "data.synthetic.max_steps must be >= 2"),
-        (["data.reward.format_weight=-1"], "data.reward.format_weight must be finite and >= 0"),
+         "learner.loss.mismatch_weight_max must be a bound (or mismatch_weight_min one) with mismatch_correction 'token_truncate', got None: an unbounded weight truncates nothing"),
+        (["learner.overlong_buffer_len=4"], "learner.overlong_buffer_len must be 0 while overlong_max_len is null, got 4"),
+        (["data.synthetic.max_steps=1"], "data.synthetic.max_steps must be an int >= 2, got 1"),
+        (["data.reward.format_weight=-1"], "data.reward.format_weight must be a finite number >= 0, got -1.0"),
         (["data=math", "data.reward.function=number"],
-         "data.reward.function 'number' compares numbers, but records.answer_format 'boxed' gives LaTeX answers"),
+         "data.reward.function must be math_verify, got 'number': number compares numbers, but records.answer_format 'boxed' gives LaTeX answers"),
         (["data=math", "data.reward.function=exact"], "data.reward.function must be one of 'number', 'math_verify'"),
-        (["data=math", "data.reward.timeout_s=0"], "data.reward.timeout_s must be > 0"),
+        (["data=math", "data.reward.timeout_s=0"], "data.reward.timeout_s must be a finite number > 0, got 0.0"),
         (["data=math", "data.records.answer_format=latex"], "data.records.answer_format must be one of 'number'"),
         (["data=math", "data.records.levels=[three]"], "data.records.levels[0] must be an int, got 'three'"),
         (["data.name=my_set"], "data.path must be a file, a folder or a hub dataset name for problem set 'my_set'"),
-        (["data=math", "data.path=/nonexistent/math.parquet"], "data.path: file not found: /nonexistent/math.parquet"),
+        (["data=math", "data.path=/nonexistent/math.parquet"], "data.path must be an existing file, a folder or a hub dataset name, got '/nonexistent/math.parquet': not found"),
         (["learner.lr=abc"], "learner.lr must be a number, got 'abc'"),
-        (["rollout.n=1"], "rollout.n must be >= 2"),
-        (["rollout.n=0"], "rollout.n must be >= 2: GRPO advantages compare the responses to one prompt, got 0"),
+        (["rollout.n=1"], "rollout.n must be an int >= 2, got 1: GRPO advantages compare the responses to one prompt"),
+        (["rollout.n=0"], "rollout.n must be an int >= 2, got 0: GRPO advantages compare the responses to one prompt"),
         (["rollout.temperature=nan"], "rollout.temperature must be a finite number > 0"),
-        (["rollout.sync_every=0"], "rollout.sync_every must be >= 1"),
-        (["rollout.temperature=0"], "rollout.temperature must be > 0"),
+        (["rollout.sync_every=0"], "rollout.sync_every must be an int >= 1, got 0"),
+        (["rollout.temperature=0"], "rollout.temperature must be a finite number > 0, got 0.0: a greedy group's responses are all alike, so GRPO learns nothing"),
         (["rollout.mode=turbo"], "rollout.mode must be one of 'vanilla', 'speculation', 'fastgrpo'"),
-        (["rollout=fastgrpo", "rollout.fastgrpo.online.lr=0"], "rollout.fastgrpo.online.lr must be > 0"),
-        (["rollout=fastgrpo", "rollout.fastgrpo.max_nodes=1"], "rollout.fastgrpo.max_nodes must be >= 2"),
+        (["rollout=fastgrpo", "rollout.fastgrpo.online.lr=0"], "rollout.fastgrpo.online.lr must be a finite number > 0, got 0.0"),
+        (["rollout=fastgrpo", "rollout.fastgrpo.max_nodes=1"], "rollout.fastgrpo.max_nodes must be an int >= 2, got 1: the root and one draft"),
         (["rollout.speculation.adaptation=sometimes"], "rollout.speculation.adaptation must be one of"),
         (["rollout.speculation.sync_free_trees=sometimes"], "rollout.speculation.sync_free_trees must be"),
-        (["rollout.speculation.max_depth=5"], "speculation.max_depth (5) is deeper than the heads (4)"),
+        (["rollout.speculation.max_depth=5"],
+         "rollout.speculation.max_depth must be null or <= the heads' depth (4), got 5: no draft source reaches past the last head yet"),
         (["model.dtype=int8"], "model.dtype must be one of"),
-        (["model.name=tiny-gpt2"], "model.name 'tiny-gpt2' is not a tiny model"),
-        (["model.tokenizer=smollm2-135m-instruct"], "model.tokenizer is only for tiny-* models"),
+        (["model.name=tiny-gpt2"], "model.name must be one of tiny-llama, tiny-qwen2, tiny-qwen3 for a tiny model, got 'tiny-gpt2'"),
+        (["model.tokenizer=smollm2-135m-instruct"], "model.tokenizer must be null for 'smollm2-135m-instruct', got 'smollm2-135m-instruct': only tiny-* models take a tokenizer; others bring their own"),
         (["logger.mode=cloud"], "logger.mode must be one of 'offline', 'online', 'disabled'"),
-        (["cluster.gpus_per_learner=1.5"], "cluster.gpus_per_learner must be a whole number"),
+        (["cluster.gpus_per_learner=1.5"], "cluster.gpus_per_learner must be a fraction up to 1 or a whole number, got 1.5: Ray's rule"),
         (["cluster.weight_sync=ray"], "cluster.weight_sync must be one of 'collective', 'object_store', got 'ray'"),
         (["cluster.weight_sync_bucket_mb=0"], "cluster.weight_sync_bucket_mb must be a finite number > 0"),
         (["+cluster.rollout_resources.rollout_node=0"], "cluster.rollout_resources.rollout_node must be a finite number > 0"),
-        (["+cluster.learner_resources.GPU=1"], "cluster.learner_resources names custom resources, not 'GPU'"),
-        (["learner.temperature=0.5"], "learner.temperature (0.5) must equal rollout.temperature (1.0)"),
-        (["rollout.max_new_tokens=1024"], "rollout.max_new_tokens (1024) must be <= learner.max_response_len (512)"),
-        (["cluster.learner_world_size=3"], "data.prompts_per_step (8) must be a multiple of cluster.learner_world_size (3)"),
-        (["cluster.num_rollout_actors=9"], "cluster.num_rollout_actors (9) must be <= data.prompts_per_step (8)"),
+        (["+cluster.learner_resources.GPU=1"], "cluster.learner_resources must be a mapping of custom resource names to amounts, got {'GPU': 1}: 'GPU' is no custom resource (CPUs and GPUs have cpus_* / gpus_* fields)"),
+        (["learner.temperature=0.5"], "learner.temperature must be rollout.temperature (1.0), got 0.5: the learner scores responses under the distribution they were sampled from"),
+        (["rollout.max_new_tokens=1024"], "rollout.max_new_tokens must be <= learner.max_response_len (512), got 1024: the learner refuses longer responses"),
+        (["cluster.learner_world_size=3"], "data.prompts_per_step must be a multiple of cluster.learner_world_size (3), got 8: every learner rank takes the same number of whole groups"),
+        (["cluster.num_rollout_actors=9"], "cluster.num_rollout_actors must be <= data.prompts_per_step (8), got 9: each rollout actor needs at least one prompt"),
         (["total_steps=???"], "total_steps: Missing mandatory value"),
         (["+rollout.top_q=0.5"], "rollout.top_q: unknown key"),
         (["+learner.loss.bogus=1"], "learner.loss.bogus: unknown key"),
         (["+num_steps=3"], "num_steps: unknown key"),
-        (["data=gsm8k", "data.path=/nonexistent/gsm8k/train.jsonl"], "data.path: file not found: /nonexistent/gsm8k/train.jsonl"),
-        (["rollout.speculation.heads_path=/nonexistent/heads.pt"], "rollout.speculation.heads_path: file not found"),
+        (["data=gsm8k", "data.path=/nonexistent/gsm8k/train.jsonl"], "data.path must be an existing file, a folder or a hub dataset name, got '/nonexistent/gsm8k/train.jsonl': not found"),
+        (["rollout.speculation.heads_path=/nonexistent/heads.pt"], "rollout.speculation.heads_path must be null, 'shipped' or an existing file, got '/nonexistent/heads.pt': not found"),
         (["rollout=fastgrpo", "rollout.fastgrpo.drafter_path=/nonexistent/d.safetensors"],
-         "rollout.fastgrpo.drafter_path: file not found"),
-        (["model.name=/nonexistent/model.gguf"], "model.name: file not found"),
-        (["model=tiny", "model.tokenizer=./nonexistent"], "model.tokenizer: file not found"),
-        (["resume=/nonexistent/step_00000010"], "resume: checkpoint not found"),
+         "rollout.fastgrpo.drafter_path must be null, 'shipped' or an existing file, got '/nonexistent/d.safetensors': not found"),
+        (["model.name=/nonexistent/model.gguf"], "model.name must be an existing file, got '/nonexistent/model.gguf': not found"),
+        (["model=tiny", "model.tokenizer=./nonexistent"], "model.tokenizer must be an existing file, got './nonexistent': nonexistent not found"),
+        (["resume=/nonexistent/step_00000010"], "resume must be 'auto', 'never' or a checkpoint folder, got '/nonexistent/step_00000010': not found"),
     ],
 )
 def test_invalid_configs_fail_naming_the_field(overrides, message):
@@ -199,7 +201,8 @@ def test_gsm8k_from_a_local_folder(tmp_path):
         pytest.skip(f"GSM8K not found at {SHARED_GSM8K}")
     cfg = load(["data=gsm8k", f"data.path={SHARED_GSM8K}", "data.split=test"])
     assert (cfg.data.name, cfg.data.path, cfg.data.split) == ("gsm8k", str(SHARED_GSM8K), "test")
-    with pytest.raises(ValueError, match=r"data.path: folder .* has no train.jsonl \(data.split\)"):
+    with pytest.raises(ValueError, match=r"data.path must be a folder holding a train file \(data.split\), got '.*': "
+                                         r".* has no train.jsonl, nor a .json, .parquet or .arrow file of that split"):
         load(["data=gsm8k", f"data.path={tmp_path}"])
 
 
@@ -208,26 +211,29 @@ def test_plain_dicts_and_the_saved_form_round_trip():
     assert load_train_config(cfg.to_dict()) == cfg
     partial = load_train_config({"rollout": {"n": 4}, "learner": {"lr": 1e-5}})
     assert partial.rollout.n == 4 and partial.learner == LearnerConfig(lr=1e-5)
-    with pytest.raises(ValueError, match="rollout must be a mapping of RolloutSection fields"):
+    with pytest.raises(ValueError, match="rollout must be a mapping of RolloutConfig fields"):
         load_train_config({"rollout": 3})
 
 
 def test_context_limits_are_checked_against_the_model():
-    tiny = ModelSection(name="tiny-llama").context_length()  # 256 tokens, read without building the model
+    tiny = ModelConfig(name="tiny-llama").context_length()  # 256 tokens, read without building the model
     assert tiny == tiny_config("llama").max_position_embeddings == 256
     validate_against_model(load(["experiment=smoke"]), tiny)
-    with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) \+ rollout.speculation.max_nodes \(16\) = 272 exceeds"):
+    context = "the context of model.name 'smollm2-135m-instruct' (256 tokens)"
+    with pytest.raises(ValueError, match=re.escape(
+            f"rollout.max_new_tokens must be <= 240, got 256: it + rollout.speculation.max_nodes (16) must fit in {context}")):
         validate_against_model(load(), tiny)
-    with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) \+ rollout.fastgrpo.max_nodes \(160\) = 416"):
+    with pytest.raises(ValueError, match=re.escape(
+            f"rollout.max_new_tokens must be <= 96, got 256: it + rollout.fastgrpo.max_nodes (160) must fit in {context}")):
         validate_against_model(load(["rollout=fastgrpo"]), tiny)
-    with pytest.raises(ValueError, match=r"rollout.max_new_tokens \(256\) leaves no room for a prompt"):
+    with pytest.raises(ValueError, match=re.escape(f"rollout.max_new_tokens must be < 256, got 256: a prompt needs room in {context}")):
         validate_against_model(load(["rollout=vanilla"]), tiny)
-    with pytest.raises(ValueError, match=r"learner.max_seq_len \(1024\) exceeds the context"):
+    with pytest.raises(ValueError, match=re.escape(f"learner.max_seq_len must be <= 256, got 1024: a sequence must fit in {context}")):
         validate_against_model(load(["rollout.max_new_tokens=128"]), tiny)
 
 
 def test_tiny_model_section_builds_the_seeded_tiny_model():
-    model, tokenizer = ModelSection(name="tiny-qwen2", device="cpu").load(seed=3)
+    model, tokenizer = ModelConfig(name="tiny-qwen2", device="cpu").load(seed=3)
     assert tokenizer is None and model.config == tiny_config("qwen2")
     for got, want in zip(model.state_dict().values(), build_tiny_model("qwen2", seed=3).state_dict().values()):
         torch.testing.assert_close(got, want)

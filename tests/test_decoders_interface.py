@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 
 from specroll.actors import RolloutActor
 from specroll.configs import load_train_config, sections
-from specroll.configs.sections import RolloutSection
+from specroll.configs.sections import RolloutConfig
 from specroll.data import load_problems
 from specroll.decoders import DECODERS, RolloutDecoder, build_decoder, resumed_checkpoints
 from specroll.eval.evaluation import eval_plan
@@ -27,9 +27,9 @@ from specroll.speculation import SpeculationConfig
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "specroll"
 INTERFACE = {name for cls in (Decoder, RolloutDecoder) for name in vars(cls) if not name.startswith("_")}
-SHIPPED = {"vanilla": RolloutSection(mode="vanilla"),
-           "speculation": RolloutSection(mode="speculation", speculation=SpeculationConfig(heads_path=None, budget="fixed")),
-           "fastgrpo": RolloutSection(mode="fastgrpo", fastgrpo=FastGRPOConfig(drafter_path=None, capacity=32))}
+SHIPPED = {"vanilla": RolloutConfig(mode="vanilla"),
+           "speculation": RolloutConfig(mode="speculation", speculation=SpeculationConfig(heads_path=None, budget="fixed")),
+           "fastgrpo": RolloutConfig(mode="fastgrpo", fastgrpo=FastGRPOConfig(drafter_path=None, capacity=32))}
 
 
 @pytest.mark.parametrize("mode", sorted(SHIPPED))

@@ -12,7 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specroll.configs import EvalSection, load_train_config
+from specroll.configs import EvalConfig, load_train_config
 from specroll.data import format_prompt, generate_synthetic
 from specroll.eval import pass_at_k
 from specroll.eval.__main__ import main as eval_main
@@ -59,15 +59,16 @@ def test_the_guides_eval_commands_parse():
 
 
 def test_eval_settings_fail_naming_the_field(tmp_path):
-    with pytest.raises(ValueError, match=r"k \(5\) must be <= samples \(4\)"):
-        EvalSection(samples=4, k=[1, 5])
-    with pytest.raises(ValueError, match="batch_size"):
-        EvalSection(batch_size=0)
+    with pytest.raises(ValueError, match=r"^k\[1\] must be an int in \[1, 4\], got 5: pass@k draws k of the `samples` responses$"):
+        EvalConfig(samples=4, k=[1, 5])
+    with pytest.raises(ValueError, match="^batch_size must be an int >= 1, got 0$"):
+        EvalConfig(batch_size=0)
     train = tmp_path / "train.jsonl"
     train.write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
-    with pytest.raises(ValueError, match="eval.path: data.path .* is one file"):
+    with pytest.raises(ValueError, match=r"^eval.path must be a file of held-out problems, got None: data.path .* is one file"):
         config(tmp_path, ["data=gsm8k", f"data.path={train}", "eval_every=1"])
-    with pytest.raises(ValueError, match="eval.split"):
+    with pytest.raises(ValueError, match=r"^eval.split must be a split of data.path's folder .*, or eval.path set, got 'test': "
+                                         r".* has no test file$"):
         config(tmp_path, ["data=gsm8k", f"data.path={tmp_path}", "data.split=train", "eval_every=1"])
 
 

@@ -11,7 +11,7 @@ import ray
 from hydra import compose, initialize_config_dir
 
 from specroll.actors import ActorFailedError, LearnerActor, RolloutActor, RunActors, as_remote, gather
-from specroll.configs import ModelSection, load_train_config
+from specroll.configs import ModelConfig, load_train_config
 from specroll.learner import export_hf
 from specroll.models.model_cache import MANIFEST, ModelCacheError, entry_dir, stage, staged
 
@@ -22,7 +22,7 @@ RAY_CPUS = 2
 @pytest.fixture
 def tiny_hf_dir(tmp_path):
     """A tiny random Llama with SmolLM2's tokenizer, as a Hugging Face directory."""
-    model, tokenizer = ModelSection(name="tiny-llama", tokenizer="smollm2-135m-instruct").load(seed=0)
+    model, tokenizer = ModelConfig(name="tiny-llama", tokenizer="smollm2-135m-instruct").load(seed=0)
     return export_hf(model, model.config, tokenizer, tmp_path / "source")
 
 
@@ -51,7 +51,7 @@ def test_a_staged_entry_holds_the_files_loading_reads_and_is_reused_while_its_so
 
 
 def test_a_tiny_models_tokenizer_is_staged_without_weights(tiny_hf_dir, tmp_path):
-    cache, section = tmp_path / "cache", ModelSection(name="tiny-llama", tokenizer=str(tiny_hf_dir), device="cpu")
+    cache, section = tmp_path / "cache", ModelConfig(name="tiny-llama", tokenizer=str(tiny_hf_dir), device="cpu")
     section.stage(cache)
     entry = entry_dir(str(tiny_hf_dir), cache, weights=False)
     assert (entry / "tokenizer.json").is_file() and not list(entry.glob("*.safetensors"))
@@ -62,7 +62,7 @@ def test_a_hub_models_intact_entry_is_used_without_asking_the_hub(tiny_hf_dir, t
     cache = tmp_path / "cache"
     shutil.copytree(stage(str(tiny_hf_dir), cache), entry_dir("acme/tiny-policy", cache))
     assert stage("acme/tiny-policy", cache) == entry_dir("acme/tiny-policy", cache)  # no network here
-    model, tokenizer = ModelSection(name="acme/tiny-policy", device="cpu").load(cache=cache)
+    model, tokenizer = ModelConfig(name="acme/tiny-policy", device="cpu").load(cache=cache)
     assert model.config.name == "acme/tiny-policy" and tokenizer.name_or_path == str(entry_dir("acme/tiny-policy", cache))
 
 

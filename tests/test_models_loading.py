@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specroll.models import (
-    ModelConfig,
+    ModelArchitecture,
     from_hf_state_dict,
     load_causal_lm,
     resolve_checkpoint,
@@ -67,7 +67,7 @@ def test_qwen3_options_our_forward_lacks_are_refused(option, message):
     for name, value in option.items():
         setattr(hf_config, name, value)
     with pytest.raises(ValueError, match=message):
-        ModelConfig.from_hf(hf_config)
+        ModelArchitecture.from_hf(hf_config)
 
 
 def test_missing_tensor_is_named():

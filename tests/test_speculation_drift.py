@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from specroll.configs import build_dataclass
+from specroll.speculation import SpeculationConfig
 from specroll.speculation.adaptation.drift_detector import (
     DriftConfig,
     DriftDetector,
@@ -228,5 +230,7 @@ def test_state_round_trips_to_the_same_future_decisions(stop):
                                           ("max_heads_per_event", 0), ("depth_buckets", (256, 128)),
                                           ("mad_floor", 0.0), ("min_records", 0), ("signal", "entropy")])
 def test_config_errors_name_the_dotted_field(field, value):
-    with pytest.raises(ValueError, match=rf"rollout\.speculation\.drift\.{field}"):
+    with pytest.raises(ValueError, match=rf"^{field} must be .*, got "):
         DriftConfig(**{field: value})
+    with pytest.raises(ValueError, match=rf"^rollout\.speculation\.drift\.{field} must be .*, got "):
+        build_dataclass(SpeculationConfig, {"drift": {field: value}}, "rollout.speculation")

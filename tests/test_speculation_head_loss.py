@@ -126,7 +126,7 @@ def test_proximal_term_alone_pulls_the_heads_to_q_old(setup):
 
 
 def test_loss_config_rejects_negative_weights():
-    with pytest.raises(ValueError, match="HeadLossConfig.proximal_weight must be >= 0"):
+    with pytest.raises(ValueError, match=r"^proximal_weight must be a finite number >= 0, got -0.1$"):
         HeadLossConfig(proximal_weight=-0.1)
-    with pytest.raises(ValueError, match="HeadLossConfig.head_decay"):
+    with pytest.raises(ValueError, match=r"^head_decay must be a finite number in \(0, 1\], got 0.0$"):
         HeadLossConfig(head_decay=0.0)

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from specroll.configs import build_dataclass
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.speculation import SpeculationConfig, SpeculativeDecoder
@@ -123,10 +124,12 @@ def test_guard_switches_injection_off_after_bad_rollouts_then_back_on():
 
 
 def test_config_names_the_field():
-    with pytest.raises(ValueError, match="speculation.reflex.half_life_tokens"):
+    with pytest.raises(ValueError, match=r"^half_life_tokens must be a finite number > 0, got 0$"):
         ReflexConfig(half_life_tokens=0)
-    with pytest.raises(ValueError, match="speculation.adaptation"):
+    with pytest.raises(ValueError, match=r"^adaptation must be one of 'static', .*, got 'sometimes'$"):
         SpeculationConfig(adaptation="sometimes")
+    with pytest.raises(ValueError, match=r"^rollout\.speculation\.reflex\.half_life_tokens must be a finite number > 0"):
+        build_dataclass(SpeculationConfig, {"reflex": {"half_life_tokens": 0}}, "rollout.speculation")
 
 
 def test_greedy_output_is_unchanged_by_reflex_and_drafts_change():

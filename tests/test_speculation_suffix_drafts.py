@@ -71,7 +71,7 @@ def test_history_is_kept_per_prompt_with_its_bounds(model):
 
 
 def test_history_needs_its_switch_and_a_draft_source():
-    with pytest.raises(ValueError, match="speculation.head_drafts is false and every lookup is off"):
+    with pytest.raises(ValueError, match="^head_drafts must be true when every lookup is off, got False: nothing would be drafted$"):
         SpeculationConfig(head_drafts=False, context_lookup=False)
-    with pytest.raises(ValueError, match="speculation.history_tokens"):
+    with pytest.raises(ValueError, match="^history_tokens must be an int >= 20, got 10: history_tokens_per_prompt is what one"):
         SpeculationConfig(history_tokens=10, history_tokens_per_prompt=20)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from specroll.configs import LoggerSection
+from specroll.configs import LoggerConfig
 from specroll.learner.grpo_learner import MetricSums
 from specroll.models import build_tiny_model
 from specroll.rollout import GenerationStats, RolloutEngine, SamplingParams, TreeStats
@@ -109,7 +109,7 @@ def test_response_metrics_by_hand():
 
 
 def test_jsonl_sink_writes_one_parseable_line_per_step(tmp_path):
-    with MetricsLogger(LoggerSection(**OFF), tmp_path) as logger:
+    with MetricsLogger(LoggerConfig(**OFF), tmp_path) as logger:
         logger.log(0, {"train/loss": 0.5, "rollout/reward_mean": np.float32(0.25), "train/num_sequences": 64})
         logger.log(1, {"train/loss": float("nan"), "perf/step_time_s": torch.tensor(2.5)})
     rows = read_jsonl(tmp_path / "metrics.jsonl")
@@ -120,13 +120,13 @@ def test_jsonl_sink_writes_one_parseable_line_per_step(tmp_path):
 
 
 def test_resumed_jsonl_drops_the_steps_it_will_redo(tmp_path):
-    with MetricsLogger(LoggerSection(**OFF), tmp_path) as logger:
+    with MetricsLogger(LoggerConfig(**OFF), tmp_path) as logger:
         for step in range(4):
             logger.log(step, {"train/loss": float(step)})
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "train/lo')  # the crash hit mid-write
     # Resumed from the checkpoint after step 1: steps 2 and 3 run again.
-    with MetricsLogger(LoggerSection(**OFF), tmp_path, first_step=2) as logger:
+    with MetricsLogger(LoggerConfig(**OFF), tmp_path, first_step=2) as logger:
         logger.log(2, {"train/loss": 20.0})
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [(r["step"], r["train/loss"]) for r in rows] == [(0, 0.0), (1, 1.0), (2, 20.0)]
@@ -134,7 +134,7 @@ def test_resumed_jsonl_drops_the_steps_it_will_redo(tmp_path):
 
 def test_metrics_after_a_rollback_hold_each_step_of_the_live_lineage_once(tmp_path):
     def run(first_step, last_step, branch):
-        with MetricsLogger(LoggerSection(**OFF), tmp_path, first_step=first_step) as logger:
+        with MetricsLogger(LoggerConfig(**OFF), tmp_path, first_step=first_step) as logger:
             for step in range(first_step, last_step):
                 logger.log(step, {"train/loss": branch})
 
@@ -147,11 +147,11 @@ def test_metrics_after_a_rollback_hold_each_step_of_the_live_lineage_once(tmp_pa
 
 
 def test_a_resume_warns_once_about_steps_without_a_line_and_fills_nothing_in(tmp_path):
-    with MetricsLogger(LoggerSection(**OFF), tmp_path) as logger:
+    with MetricsLogger(LoggerConfig(**OFF), tmp_path) as logger:
         for step in (0, 1, 2, 4, 5, 8):  # an earlier run lost the lines of steps 3, 6 and 7
             logger.log(step, {"train/loss": float(step)})
     with pytest.warns(UserWarning) as warned:
-        with MetricsLogger(LoggerSection(**OFF), tmp_path, first_step=8) as logger:
+        with MetricsLogger(LoggerConfig(**OFF), tmp_path, first_step=8) as logger:
             logger.log(8, {"train/loss": 80.0})
     assert [str(w.message) for w in warned] == [
         f"{tmp_path / 'metrics.jsonl'} has no line for step(s) 3, 6-7 of the 8 before the resumed checkpoint: "
@@ -161,15 +161,15 @@ def test_a_resume_warns_once_about_steps_without_a_line_and_fills_nothing_in(tmp
 
 
 def test_a_resume_without_gaps_warns_nothing(tmp_path, recwarn):
-    with MetricsLogger(LoggerSection(**OFF), tmp_path) as logger:
+    with MetricsLogger(LoggerConfig(**OFF), tmp_path) as logger:
         logger.log(0, {"train/loss": 0.0})
-    with MetricsLogger(LoggerSection(**OFF), tmp_path, first_step=1):
+    with MetricsLogger(LoggerConfig(**OFF), tmp_path, first_step=1):
         pass
     assert not recwarn.list
 
 
 def test_logger_rejects_bad_names_values_and_steps_before_writing(tmp_path):
-    with MetricsLogger(LoggerSection(**OFF), tmp_path) as logger:
+    with MetricsLogger(LoggerConfig(**OFF), tmp_path) as logger:
         with pytest.raises(ValueError, match="'train/los' is not in the namespace"):
             logger.log(0, {"train/loss": 1.0, "train/los": 1.0})
         with pytest.raises(ValueError, match="'train/loss' must be a real number"):
@@ -182,14 +182,14 @@ def test_logger_rejects_bad_names_values_and_steps_before_writing(tmp_path):
 
 def test_console_line(tmp_path):
     stream = io.StringIO()
-    with MetricsLogger(LoggerSection(backend="none", jsonl=False), tmp_path, console=stream) as logger:
+    with MetricsLogger(LoggerConfig(backend="none", jsonl=False), tmp_path, console=stream) as logger:
         logger.log(3, {"rollout/reward_mean": 0.5, "perf/step_time_s": 4.2149})
     assert stream.getvalue() == "step 3 | perf/step_time_s=4.215 | rollout/reward_mean=0.5\n"
 
 
 def test_wandb_offline_writes_a_run_that_a_resume_continues(offline_wandb):
     run_dir = offline_wandb / "run"
-    cfg = LoggerSection(mode="offline", console=False)
+    cfg = LoggerConfig(mode="offline", console=False)
     with MetricsLogger(cfg, run_dir, config={"seed": 0}) as logger:
         run_id = logger.run_id
         logger.log(0, {"train/loss": 1.0})
@@ -209,7 +209,7 @@ def test_after_a_rollback_the_wandb_run_holds_each_step_of_the_live_branch_once(
 
     def launch(first_step, last_step, loss, run_id):
         time.sleep(1.1)  # W&B names offline directories by the second
-        with MetricsLogger(LoggerSection(mode="offline", console=False), run_dir, run_id=run_id,
+        with MetricsLogger(LoggerConfig(mode="offline", console=False), run_dir, run_id=run_id,
                            first_step=first_step) as logger:
             for step in range(first_step, last_step):
                 logger.log(step, {"train/loss": loss})
@@ -238,14 +238,14 @@ def test_which_wandb_run_a_launch_continues():
 
 def test_a_rollback_without_wandb_names_no_run_in_its_checkpoints(tmp_path):
     start_wandb_branch(tmp_path)
-    with MetricsLogger(LoggerSection(**OFF, jsonl=False), tmp_path, run_id="abandoned", first_step=4) as logger:
+    with MetricsLogger(LoggerConfig(**OFF, jsonl=False), tmp_path, run_id="abandoned", first_step=4) as logger:
         assert logger.run_id is None  # a later launch with W&B starts the branch's run
     assert json.loads((tmp_path / BRANCH_NAME).read_text()) == {"first_step": 4, "run_id": None}
 
 
 def test_disabled_writes_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    with MetricsLogger(LoggerSection(mode="disabled", jsonl=False, console=False), run_dir, run_id="abc123") as logger:
+    with MetricsLogger(LoggerConfig(mode="disabled", jsonl=False, console=False), run_dir, run_id="abc123") as logger:
         logger.log(0, {"train/loss": 1.0})
         assert logger.run_id == "abc123"  # kept for the checkpoint, so W&B can continue later
     assert not run_dir.exists() and not list(tmp_path.iterdir())

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import wandb
 
-from specroll.configs import LoggerSection
+from specroll.configs import LoggerConfig
 from specroll.telemetry import MetricsLogger
 from specroll.telemetry import metric_names as m
 from specroll.telemetry.dashboard import SECTIONS, build_workspace, main
@@ -48,7 +48,7 @@ def test_saving_needs_an_entity():
 
 def test_the_wandb_run_defines_every_family_against_the_step(offline_wandb):
     run_dir = offline_wandb / "run"
-    with MetricsLogger(LoggerSection(mode="offline", console=False), run_dir) as logger:
+    with MetricsLogger(LoggerConfig(mode="offline", console=False), run_dir) as logger:
         logger.log(0, {m.LOSS: 1.0, m.STEP_TIME_S: 2.0})
     wandb.teardown()  # the offline file is complete once W&B's service has stopped
     record = next(Path(run_dir, "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from specroll.benchmarks.comparison_record import Comparison, ConcurrencyPoint, ModeRun, RolloutTrace, load_comparison
-from specroll.configs import LoggerSection
+from specroll.configs import LoggerConfig
 from specroll.telemetry import MetricsLogger, plots
 from specroll.telemetry import metric_names as m
 from specroll.eval.evaluation import EvalReport, ProblemEval
@@ -15,7 +15,7 @@ OFF = dict(backend="none", console=False)
 
 
 def log_run(run_dir, rows):
-    with MetricsLogger(LoggerSection(**OFF), run_dir) as logger:
+    with MetricsLogger(LoggerConfig(**OFF), run_dir) as logger:
         for step, metrics in enumerate(rows):
             logger.log(step, metrics)
     return run_dir

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from specroll.configs import ModelSection
+from specroll.configs import ModelConfig
 from specroll.data import format_prompt
 from specroll.learner import GRPOLearner, GRPOSamples, LearnerConfig, export_hf, save_checkpoint
 from specroll.models import build_tiny_model, load_causal_lm
@@ -34,7 +34,7 @@ def user_model_dir(tmp_path: Path, model_type: str, tokenizer) -> Path:
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
 def test_a_trained_policy_exports_to_transformers_and_decodes_as_our_engine(tmp_path, smollm2_dir, model_type):
     user_dir = user_model_dir(tmp_path, model_type, AutoTokenizer.from_pretrained(smollm2_dir))
-    section = ModelSection(name=str(user_dir), device="cpu")
+    section = ModelConfig(name=str(user_dir), device="cpu")
     model, tokenizer = section.load()
     assert model.config.model_type == model_type and tokenizer.chat_template is not None
     before = {k: v.clone() for k, v in model.state_dict().items()}

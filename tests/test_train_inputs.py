@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 
 from specroll.actors.ray_cluster import connect_ray
 from specroll.actors.remote_calls import ActorFailedError, gather
-from specroll.configs import ClusterSection, load_train_config
+from specroll.configs import ClusterConfig, load_train_config
 from specroll.preflight import PreflightError, preflight
 from specroll.run_dir import SeesRunDir, unwritable, write_run_token
 from specroll.run_owner import RunDirOwnedError, release_ownership, take_ownership
@@ -166,8 +166,8 @@ def test_read_only_run_dir_and_checkpoints_fail_with_everything_else_in_one_mess
     lines = message.splitlines()
     assert lines[0] == "the run cannot start (3 problems):"
     assert lines[1].startswith(f"  - run_dir's checkpoints folder: cannot write in {run_dir}/checkpoints: ")
-    assert lines[2] == "  - rollout.max_new_tokens (253) + rollout.speculation.max_nodes (4) = 257 exceeds the " \
-                       "context of model.name 'tiny-llama' (256 tokens)"
+    assert lines[2] == "  - rollout.max_new_tokens must be <= 252, got 253: it + rollout.speculation.max_nodes (4) must " \
+                       "fit in the context of model.name 'tiny-llama' (256 tokens)"
     assert lines[3].startswith(f"  - {data}:1: its prompt has ")
     with read_only(run_dir):
         message = fails_before_start(config(run_dir, []))
@@ -293,7 +293,7 @@ def test_a_run_started_cluster_runs_its_actors_at_the_drivers_priority():
         def of_this_process(self) -> int:
             return os.getpriority(os.PRIO_PROCESS, 0)
 
-    assert connect_ray(ClusterSection())
+    assert connect_ray(ClusterConfig())
     try:
         actor = ray.remote(num_cpus=0)(Niceness).remote()
         assert ray.get(actor.of_this_process.remote(), timeout=60) == os.getpriority(os.PRIO_PROCESS, 0)

@@ -105,8 +105,10 @@ def test_allowed_and_safe_changes_go_through_with_one_line_each(tmp_path, caplog
     ]
 
 
-@pytest.mark.parametrize("entry, says", [("learner.lrr", "resume_allow_changes: 'learner.lrr' is no config field"),
-                                         ("learner.zero_stage", "learner.zero_stage is fixed by the checkpoint")])
+@pytest.mark.parametrize("entry, says", [
+    ("learner.lrr", r"^resume_allow_changes\[0\] must be a config field or section, got 'learner.lrr'$"),
+    ("learner.zero_stage", r"^resume_allow_changes\[0\] must be a field a resume may change, not one fixed by the "
+                           r"checkpoint, got 'learner.zero_stage': the checkpoint cannot be loaded with another value$")])
 def test_an_allowance_that_cannot_be_is_refused_with_the_config(tmp_path, entry, says):
     with pytest.raises(ValueError, match=says):
         config(tmp_path / "run", [f"resume_allow_changes=[{entry}]"])

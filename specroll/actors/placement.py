@@ -20,7 +20,7 @@ import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from specroll.configs import ClusterSection, TrainConfig
+from specroll.configs import ClusterConfig, TrainConfig
 
 from .remote_calls import ActorTimeoutError
 
@@ -35,7 +35,7 @@ def as_remote(cls: type, num_cpus: float, num_gpus: float = 0.0, resources: dict
     return ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or {}, max_restarts=0)(cls)
 
 
-def local_resources(cluster: ClusterSection) -> dict[str, float]:
+def local_resources(cluster: ClusterConfig) -> dict[str, float]:
     """The custom resources all of `cluster`'s actors ask for together: what a one-node cluster
     offers so that a config placing them on several nodes also runs on one."""
     offered: dict[str, float] = {}
@@ -61,7 +61,7 @@ def actor_device(configured: str) -> str:
 
 def model_cache(cfg: TrainConfig) -> Path | None:
     """Where an actor loads the model from: inside a Ray actor, the copy the driver staged
-    (`ModelSection.stage`); None for one built in-process (tests, notebooks, benchmarks), which
+    (`ModelConfig.stage`); None for one built in-process (tests, notebooks, benchmarks), which
     resolves the model itself as the only process there is."""
     return cfg.model_cache if in_ray_actor() else None
 
@@ -114,7 +114,7 @@ def in_bundle(group: PlacementGroup, index: int) -> dict:
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)}
 
 
-def reserve(cluster: ClusterSection, timeout_s: float) -> Placement:
+def reserve(cluster: ClusterConfig, timeout_s: float) -> Placement:
     """Reserve the learner's and the rollout actors' resources on the Ray cluster `ray.init` joined;
     waits at most `timeout_s` for the cluster to offer them (an autoscaler may be adding nodes)."""
     c = cluster

@@ -17,7 +17,7 @@ import ray
 import torch
 from ray._private import ray_constants
 
-from specroll.configs import ClusterSection
+from specroll.configs import ClusterConfig
 
 from .placement import local_resources
 
@@ -36,7 +36,7 @@ def start_local_cluster(num_cpus: int, resources: dict[str, float]) -> None:
         ray_constants.ENABLE_RAY_CLUSTER = clusters
 
 
-def connect_ray(cluster: ClusterSection) -> bool:
+def connect_ray(cluster: ClusterConfig) -> bool:
     """Join `cluster.ray_address` (or the job's $RAY_ADDRESS), or start a local cluster on the loopback
     address (`start_local_cluster`); True if started here."""
     if ray.is_initialized():

@@ -68,7 +68,7 @@ class RunActors:
 
     @classmethod
     def start(cls, cfg: TrainConfig) -> "RunActors":
-        """Stage the model once for every actor (`ModelSection.stage`), reserve `cfg.cluster`'s resources
+        """Stage the model once for every actor (`ModelConfig.stage`), reserve `cfg.cluster`'s resources
         (`placement.reserve`), create the actors in them and wait until all are ready."""
         c = cfg.cluster
         cfg.model.stage(cfg.model_cache)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specroll.configs import ClusterSection
+from specroll.configs import ClusterConfig
 
 from .placement import in_ray_actor
 
@@ -36,7 +36,7 @@ def reserved_threads(num_cpus: float) -> int:
     return max(1, int(num_cpus))
 
 
-def phase_threads(cluster: ClusterSection, cores: int) -> PhaseThreads:
+def phase_threads(cluster: ClusterConfig, cores: int) -> PhaseThreads:
     """Threads per actor on a node of `cores` cores; see the module docstring for the rule.
 
     With overlap the rollout side's share is `cores * R / (R + L)` rounded half up, where R and L

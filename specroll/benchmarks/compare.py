@@ -230,9 +230,9 @@ def engine_decoder(mode: str, race: Race, model, args) -> Decoder | None:
 def concurrency_points(race: Race, args) -> list[ConcurrencyPoint]:
     """Per concurrency c (c prompts, one response each), each engine mode's tokens/s over vanilla's, side by side."""
     if args.tiny:
-        from ..configs import ModelSection
+        from ..configs import ModelConfig
 
-        model, tokenizer = ModelSection(name="tiny-llama", tokenizer=INSTRUCT).load(seed=args.seed)
+        model, tokenizer = ModelConfig(name="tiny-llama", tokenizer=INSTRUCT).load(seed=args.seed)
     else:
         model, tokenizer = load_causal_lm(race.policy, dtype="float32", device="auto")
     pool, _ = load_prompts(tokenizer, max(args.concurrency), Path(args.data_path)

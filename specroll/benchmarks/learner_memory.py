@@ -17,7 +17,7 @@ import torch
 
 from ..learner.logprobs import sequence_logprobs
 from ..models import CausalLM, synchronize
-from ..models.config import ModelConfig
+from ..models.config import ModelArchitecture
 from ..plan.architecture import ModelShape, shipped_architecture
 from ..plan.planner import GIB, backward_peak
 from ..plan.terms import DTYPE_BYTES, activations
@@ -28,13 +28,13 @@ TINY_BATCH = (8, 512, 448)
 MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
-def paper_config() -> ModelConfig:
+def paper_config() -> ModelArchitecture:
     from transformers import AutoConfig
 
-    return ModelConfig.from_hf(AutoConfig.from_pretrained(shipped_architecture(PAPER_MODEL)), name=PAPER_MODEL)
+    return ModelArchitecture.from_hf(AutoConfig.from_pretrained(shipped_architecture(PAPER_MODEL)), name=PAPER_MODEL)
 
 
-def planned_bytes(cfg: ModelConfig, dtype: str, rows: int, seq: int, resp: int, checkpointing: bool) -> dict:
+def planned_bytes(cfg: ModelArchitecture, dtype: str, rows: int, seq: int, resp: int, checkpointing: bool) -> dict:
     """The planner's single-rank terms for this step (plain AdamW: moments in the weights' dtype), bytes."""
     shape, b = ModelShape.of(cfg), DTYPE_BYTES[dtype]
     return {"weights": b * shape.params, "gradients": b * shape.params, "optimizer states": 2 * b * shape.params,
@@ -56,7 +56,7 @@ def peak_memory(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def learner_step_memory(cfg: ModelConfig, dtype: str, device: torch.device, batch: tuple[int, int, int],
+def learner_step_memory(cfg: ModelArchitecture, dtype: str, device: torch.device, batch: tuple[int, int, int],
                         checkpointing: bool = True) -> dict:
     """Measured peak above the weights of the second of two update steps, against the planner's terms."""
     rows, seq, resp = batch

@@ -1,16 +1,18 @@
 """Typed configuration of a training run, loaded from the Hydra tree in `conf/`."""
-from specroll.telemetry.config import LoggerSection
+from specroll.models import ModelConfig
+from specroll.telemetry.config import LoggerConfig
 
-from .sections import ClusterSection, DataSection, EvalSection, ModelSection, RolloutSection
-from .train import TrainConfig, check_paths, load_train_config, validate_against_model
+from .sections import ClusterConfig, DataConfig, EvalConfig, RolloutConfig
+from .train_config import TrainConfig, check_paths, load_train_config, validate_against_model
 from .typed import build_dataclass
 
 __all__ = [
-    "ClusterSection",
-    "DataSection",
-    "LoggerSection",
-    "ModelSection",
-    "RolloutSection",
+    "ClusterConfig",
+    "DataConfig",
+    "EvalConfig",
+    "LoggerConfig",
+    "ModelConfig",
+    "RolloutConfig",
     "TrainConfig",
     "build_dataclass",
     "check_paths",

@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from specroll.config_checks import require
+
 SAFE, CHANGES_RUN, FIXED, LAUNCH = "safe", "changes the run", "fixed by the checkpoint", "this launch's"
 ALLOW_FIELD = "resume_allow_changes"
 CHECKPOINT_STATE = "state.json"  # specroll.learner.checkpoint.STATE_FILE, read here without a learner
@@ -98,12 +100,11 @@ MIRRORS = {"learner.seed": "seed", "learner.temperature": "rollout.temperature"}
 
 def check_allow_list(allowed: list[str]) -> None:
     """Each entry of `resume_allow_changes` must name a field or a section of the config that a resume may change."""
-    for entry in allowed:
+    for i, entry in enumerate(allowed):
         covered = [path for path in RULES if path == entry or path.startswith(entry + ".")]
-        if not covered:
-            raise ValueError(f"{ALLOW_FIELD}: {entry!r} is no config field or section")
-        if all(RULES[path] == FIXED for path in covered):
-            raise ValueError(f"{ALLOW_FIELD}: {entry} is {FIXED}: the checkpoint cannot be loaded with another value")
+        require(bool(covered), f"{ALLOW_FIELD}[{i}]", entry, "a config field or section")
+        require(any(RULES[path] != FIXED for path in covered), f"{ALLOW_FIELD}[{i}]", entry,
+                f"a field a resume may change, not one {FIXED}", why="the checkpoint cannot be loaded with another value")
 
 
 def leaves(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -2,17 +2,17 @@
 
 OmegaConf's structured configs cannot express the `Literal` fields of the learner's
 configs, so the conversion is ours: every key must be a field, every value must have the
-field's type, and any error names the dotted path of the field, e.g. `rollout.speculation.max_nodes`.
+field's type, and any error names the dotted path of the field, e.g. `rollout.speculation.max_nodes`:
+a config's own `FieldError` names its field, and the path of the config is prepended here.
 """
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-_LEADING_NAME = re.compile(r"[A-Za-z_]\w*")
+from specroll.config_checks import FieldError
 
 
 def build_dataclass(cls: type, values: Any, path: str = "") -> Any:
@@ -24,7 +24,7 @@ def build_dataclass(cls: type, values: Any, path: str = "") -> Any:
     if isinstance(values, cls):
         return values
     if not isinstance(values, Mapping):
-        raise ValueError(f"{path or 'config'} must be a mapping of {cls.__name__} fields, got {values!r}")
+        raise FieldError(path or "config", values, f"a mapping of {cls.__name__} fields")
     init_fields = [f for f in dataclasses.fields(cls) if f.init]
     names = [f.name for f in init_fields]
     unknown = [key for key in values if key not in names]
@@ -35,8 +35,8 @@ def build_dataclass(cls: type, values: Any, path: str = "") -> Any:
     kwargs = {name: convert(hints[name], values[name], join(path, name)) for name in names if name in values}
     try:
         return cls(**kwargs)
-    except ValueError as exc:
-        raise ValueError(qualify(str(exc), path, cls, names)) from exc
+    except FieldError as exc:
+        raise exc.within(path) from exc
 
 
 def convert(hint: Any, value: Any, path: str) -> Any:
@@ -53,25 +53,25 @@ def convert(hint: Any, value: Any, path: str) -> Any:
                 return convert(arg, value, path)
             except ValueError as exc:
                 errors.append(exc)
-        raise ValueError(f"{path} must be {describe(hint)}, got {value!r}") from errors[0]
+        raise FieldError(path, value, describe(hint)) from errors[0]
     if origin is Literal:
         if any(value == option and type(value) is type(option) for option in args):
             return value
-        raise ValueError(f"{path} must be one of {', '.join(map(repr, args))}, got {value!r}")
+        raise FieldError(path, value, describe(hint))
     if dataclasses.is_dataclass(hint):
         return build_dataclass(hint, value, path)
     if origin in (tuple, list):
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-            raise ValueError(f"{path} must be {describe(hint)}, got {value!r}")
+            raise FieldError(path, value, describe(hint))
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
             if len(value) != len(args):
-                raise ValueError(f"{path} must be {describe(hint)}, got {value!r}")
+                raise FieldError(path, value, describe(hint))
             return tuple(convert(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
         items = [convert(args[0] if args else Any, v, f"{path}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict or hint is dict:
         if not isinstance(value, Mapping):
-            raise ValueError(f"{path} must be a mapping, got {value!r}")
+            raise FieldError(path, value, "a mapping")
         return dict(value)
     if hint is bool:
         if isinstance(value, bool):
@@ -87,7 +87,7 @@ def convert(hint: Any, value: Any, path: str) -> Any:
             return value
     else:
         return value
-    raise ValueError(f"{path} must be {describe(hint)}, got {value!r}")
+    raise FieldError(path, value, describe(hint))
 
 
 def describe(hint: Any) -> str:
@@ -107,21 +107,3 @@ def describe(hint: Any) -> str:
 
 def join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
-
-
-def qualify(message: str, path: str, cls: type, names: list[str]) -> str:
-    """`message` from `cls`'s own validation with field names made dotted paths.
-
-    The configs we reuse name fields as `max_nodes`, `speculation.max_nodes` or
-    `SyntheticConfig.max_steps`; all become `<path>.<field>`.
-    """
-    if not path:
-        return message
-    last = path.rsplit(".", 1)[-1]
-    for prefix in (f"{cls.__name__}.", f"{last}."):
-        if message.startswith(prefix):
-            return re.sub(rf"(?<![\w.]){re.escape(prefix)}", f"{path}.", message)
-    leading = _LEADING_NAME.match(message)
-    if leading and leading.group() in names:
-        return f"{path}.{message}"
-    return f"{path}: {message}"

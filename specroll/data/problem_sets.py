@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from specroll.config_checks import names_local_file
 from specroll.data.problems import Problem, take_first
 from specroll.data.records import RecordFormat, problem_from_record
 
@@ -16,14 +17,12 @@ from specroll.data.records import RecordFormat, problem_from_record
 BUILDERS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
 TEXT_SUFFIXES: tuple[str, ...] = (".jsonl", ".json")  # read as UTF-8 text
 DATA_SUFFIXES: tuple[str, ...] = tuple(BUILDERS)
-# What makes a missing path a missing file rather than a hub dataset name.
-LOCAL_PREFIXES: tuple[str, ...] = ("/", ".", "~")
 HUB_LOOKUP_TIMEOUT_S = 10.0  # one look-up of a hub dataset's name before loading it
 
 
 def looks_local(path_or_name: str) -> bool:
     """Whether ``path_or_name`` means a local file even when it does not exist."""
-    return path_or_name.startswith(LOCAL_PREFIXES) or path_or_name.endswith(DATA_SUFFIXES)
+    return names_local_file(path_or_name, DATA_SUFFIXES)
 
 
 def split_file(folder: Path, split: str) -> Path | None:

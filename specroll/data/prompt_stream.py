@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Iterator
 
+from specroll.config_checks import check_int, check_seed
 from specroll.data.problems import Problem
 
 
@@ -24,10 +25,8 @@ class PromptStream:
         self._problems = tuple(problems)
         if not self._problems:
             raise ValueError("PromptStream needs at least one problem, got none")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed must be an int, got {seed!r}")
+        check_int("batch_size", batch_size, 1)
+        check_seed("seed", seed)
         self._batch_size = batch_size
         self._seed = seed
         self._shuffle = shuffle

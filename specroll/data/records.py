@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from specroll.config_checks import check_choice, check_int, check_text
 from specroll.data.problems import Problem
 from specroll.data.rewards import extract_answer, last_boxed
 
@@ -43,13 +44,10 @@ class RecordFormat:
         # Hydra hands over lists; a tuple keeps the frozen config hashable.
         object.__setattr__(self, "levels", tuple(self.levels))
         for field_name in ("question", "answer", "level_field"):
-            if not isinstance(getattr(self, field_name), str) or not getattr(self, field_name):
-                raise ValueError(f"RecordFormat.{field_name} must be a non-empty field name")
-        if self.answer_format not in ANSWER_FORMATS:
-            raise ValueError(f"RecordFormat.answer_format must be one of {', '.join(map(repr, ANSWER_FORMATS))}, "
-                             f"got {self.answer_format!r}")
-        if any(isinstance(level, bool) or not isinstance(level, int) for level in self.levels):
-            raise ValueError(f"RecordFormat.levels must be a list of ints, got {list(self.levels)!r}")
+            check_text(field_name, getattr(self, field_name))
+        check_choice("answer_format", self.answer_format, ANSWER_FORMATS)
+        for i, level in enumerate(self.levels):
+            check_int(f"levels[{i}]", level)
 
 
 def strip_calculator_annotations(text: str) -> str:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from specroll.config_checks import check_choice, check_number, check_positive, require
 from specroll.data.rewards import boxed_format_reward, format_reward, math_reward
 from specroll.data.verifier import MathVerifier
 
@@ -35,20 +35,12 @@ class RewardConfig:
     timeout_s: float = 2.0
 
     def __post_init__(self) -> None:
-        if self.function not in REWARD_FUNCTIONS:
-            raise ValueError(f"RewardConfig.function must be one of {', '.join(map(repr, REWARD_FUNCTIONS))}, "
-                             f"got {self.function!r}")
-        if self.function == "math_verify" and importlib.util.find_spec("math_verify") is None:
-            raise ValueError("RewardConfig.function 'math_verify' needs the math-verify package: "
-                             "pip install math-verify")
-        for field_name in ("correct", "format_weight", "timeout_s"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"RewardConfig.{field_name} must be a number, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"RewardConfig.{field_name} must be finite and >= 0, got {value!r}")
-        if self.timeout_s == 0:
-            raise ValueError("RewardConfig.timeout_s must be > 0")
+        check_choice("function", self.function, REWARD_FUNCTIONS)
+        require(self.function != "math_verify" or importlib.util.find_spec("math_verify") is not None, "function",
+                self.function, "'number' here", why="math_verify needs the math-verify package: pip install math-verify")
+        check_number("correct", self.correct, 0)
+        check_number("format_weight", self.format_weight, 0)
+        check_positive("timeout_s", self.timeout_s)
 
 
 class Score(NamedTuple):

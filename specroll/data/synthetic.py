@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from specroll.config_checks import check_int, check_seed, require
 from specroll.data.problems import Problem
 
 OPERATIONS: tuple[str, ...] = ("+", "-", "*", "/")
@@ -48,29 +49,15 @@ class SyntheticConfig:
     def __post_init__(self) -> None:
         # Hydra hands over lists; a tuple keeps the frozen config hashable.
         object.__setattr__(self, "operations", tuple(self.operations))
-        minimums = {
-            "num_problems": 1,
-            "min_steps": 1,
-            "max_steps": self.min_steps,
-            "max_operand": 2,
-            "max_factor": 2,
-            "max_value": self.max_operand,
-            "seed": None,
-        }
-        for field_name, minimum in minimums.items():
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"SyntheticConfig.{field_name} must be an int, got {value!r}")
-            if minimum is not None and value < minimum:
-                raise ValueError(
-                    f"SyntheticConfig.{field_name} must be >= {minimum}, got {value}"
-                )
-        unknown = [op for op in self.operations if op not in OPERATIONS]
-        if not self.operations or unknown:
-            raise ValueError(
-                f"SyntheticConfig.operations must be a non-empty subset of {OPERATIONS}, "
-                f"got {self.operations!r}"
-            )
+        check_int("num_problems", self.num_problems, 1)
+        check_int("min_steps", self.min_steps, 1)
+        check_int("max_steps", self.max_steps, self.min_steps)
+        check_int("max_operand", self.max_operand, 2)
+        check_int("max_factor", self.max_factor, 2)
+        check_int("max_value", self.max_value, self.max_operand)
+        check_seed("seed", self.seed)
+        require(bool(self.operations) and all(op in OPERATIONS for op in self.operations), "operations",
+                self.operations, f"a non-empty subset of {OPERATIONS}")
 
 
 @dataclass(frozen=True)

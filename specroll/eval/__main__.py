@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from specroll.command_line import compose_train_config, conf_dir, errors_as_messages
 from specroll.configs import TrainConfig, load_train_config
-from specroll.configs.train import check_held_out
+from specroll.configs.train_config import check_held_out
 from specroll.decoders import build_decoder
 from specroll.rollout import RolloutEngine
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from specroll.configs import EvalSection, RolloutSection
+from specroll.configs import EvalConfig, RolloutConfig
 from specroll.data import Problem, RewardConfig, format_prompt, score_responses
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.storage import write_atomically
@@ -32,7 +32,7 @@ class EvalPlan(NamedTuple):
     ks: tuple[int, ...]  # pass@k reported for each k; empty without samples
 
 
-def eval_plan(rollout: RolloutSection, held_out: EvalSection) -> EvalPlan:
+def eval_plan(rollout: RolloutConfig, held_out: EvalConfig) -> EvalPlan:
     """Greedy up to `rollout.max_new_tokens`; `held_out.samples` samples at the rollout's temperature, top-p, top-k."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=rollout.max_new_tokens, n=1, seed=held_out.seed)
     if not held_out.samples:

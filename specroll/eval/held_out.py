@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specroll.configs import DataSection, EvalSection
+from specroll.configs import DataConfig, EvalConfig
 from specroll.data import Problem, generate_synthetic, load_problem_set, load_problems
 
 
-def load_held_out(data: DataSection, held_out: EvalSection) -> list[Problem]:
+def load_held_out(data: DataConfig, held_out: EvalConfig) -> list[Problem]:
     """`held_out.path` (or `data.path`) at `held_out.split`, read as `data.records` says, cut at
     `held_out.limit`; for synthetic problems, the `limit` (else `num_problems`) problems the
     generator draws after the training set's, which no training step sees."""

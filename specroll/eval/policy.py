@@ -7,11 +7,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from specroll.configs import ModelSection
+from specroll.configs import ModelConfig
 from specroll.learner import latest_intact_checkpoint, policy_weights
 from specroll.learner.checkpoint import HEADS_FILE, STATE_FILE
 from specroll.learner.lineage import COMPLETE_MARKER
-from specroll.models import ModelConfig
+from specroll.models import ModelArchitecture
 from specroll.speculation.drafting.heads_state import HeadsState
 
 CHECKPOINTS = "checkpoints"  # under a run_dir, as the driver writes them
@@ -23,14 +23,14 @@ class CheckpointPolicy(NamedTuple):
     path: Path  # the checkpoint directory
     step: int  # training steps behind it
     run_config: dict[str, Any]  # the run's resolved config (`TrainConfig.to_dict()`); empty when not saved
-    model_config: ModelConfig  # the policy's architecture, as the learner saw it
+    model_config: ModelArchitecture  # the policy's architecture, as the learner saw it
     weights: dict[str, torch.Tensor]  # the learner's policy weights, our parameter names
     heads: HeadsState | None  # the draft heads saved with it; None without
 
     @property
-    def model_section(self) -> ModelSection:
+    def model_section(self) -> ModelConfig:
         """The run's `model` section (a checkpoint without the run's config: its model's name)."""
-        return ModelSection(**(self.run_config.get("model") or {"name": self.model_config.name}))
+        return ModelConfig(**(self.run_config.get("model") or {"name": self.model_config.name}))
 
 
 def find_checkpoint(source: str | Path) -> Path | None:
@@ -55,10 +55,10 @@ def read_checkpoint_policy(path: str | Path) -> CheckpointPolicy:
     saved, weights = policy_weights(path)
     step = int(json.loads((path / STATE_FILE).read_text())["step"])
     heads = HeadsState.load(path / HEADS_FILE) if (path / HEADS_FILE).is_file() else None
-    return CheckpointPolicy(path, step, saved.get("run") or {}, ModelConfig(**saved["model"]), weights, heads)
+    return CheckpointPolicy(path, step, saved.get("run") or {}, ModelArchitecture(**saved["model"]), weights, heads)
 
 
-def checkpoint_model(policy: CheckpointPolicy, section: ModelSection | None = None, seed: int = 0):
+def checkpoint_model(policy: CheckpointPolicy, section: ModelConfig | None = None, seed: int = 0):
     """`(CausalLM, tokenizer)`: the model `section` (default: the run's) describes, holding the checkpoint's weights."""
     section = section or policy.model_section
     model, tokenizer = section.load(seed=seed)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specroll.config_checks import check_bool, check_int, check_number, check_positive, require
+
 
 @dataclass
 class OnlineConfig:
@@ -18,15 +20,15 @@ class OnlineConfig:
     max_grad_norm: float = 1.0  # gradient clipping
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"online.lr must be > 0, got {self.lr}")
-        if self.feature_weight < 0 or self.ce_weight < 0 or self.feature_weight + self.ce_weight == 0:
-            raise ValueError("online.feature_weight and ce_weight must be >= 0, not both 0")
+        check_bool("enabled", self.enabled)
+        check_positive("lr", self.lr)
+        check_number("feature_weight", self.feature_weight, 0)
+        check_number("ce_weight", self.ce_weight, 0)
+        require(self.feature_weight + self.ce_weight > 0, "ce_weight", self.ce_weight, "> 0 when feature_weight is 0",
+                why="the loss would be 0")
         for name in ("epochs", "batch_tokens", "chunk_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"online.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_grad_norm <= 0:
-            raise ValueError(f"online.max_grad_norm must be > 0, got {self.max_grad_norm}")
+            check_int(name, getattr(self, name), 1)
+        check_positive("max_grad_norm", self.max_grad_norm)
 
 
 @dataclass
@@ -46,16 +48,13 @@ class FastGRPOConfig:
     online: OnlineConfig = field(default_factory=OnlineConfig)  # online draft learning each step
 
     def __post_init__(self) -> None:
-        if self.capacity is not None and self.capacity < 1:
-            raise ValueError(f"fastgrpo.capacity must be >= 1 or null, got {self.capacity}")
-        if self.max_nodes < 2:
-            raise ValueError(f"fastgrpo.max_nodes must be >= 2 (root and one draft), got {self.max_nodes}")
-        if self.max_width < 1:
-            raise ValueError(f"fastgrpo.max_width must be >= 1, got {self.max_width}")
-        if not 1 <= self.min_depth <= self.max_depth:
-            raise ValueError(f"fastgrpo.min_depth ({self.min_depth}) must be in [1, max_depth ({self.max_depth})]")
-        if self.depth_scale <= 0:
-            raise ValueError(f"fastgrpo.depth_scale must be > 0, got {self.depth_scale}")
+        if self.capacity is not None:
+            check_int("capacity", self.capacity, 1)
+        check_int("max_nodes", self.max_nodes, 2, why="the root and one draft")
+        check_int("max_width", self.max_width, 1)
+        check_int("max_depth", self.max_depth, 1)
+        check_int("min_depth", self.min_depth, 1, self.max_depth)
+        check_positive("depth_scale", self.depth_scale)
 
     @property
     def max_tokens_per_step(self) -> int:

@@ -18,13 +18,13 @@ The order of the factors is TRL's ``GRPOTrainer._compute_loss``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from specroll.config_checks import check_bool, check_choice, check_number, check_positive, check_probability, require
 from specroll.grpo.aggregation import AGGREGATION_MODES, Aggregation, aggregate
 from specroll.grpo.entropy import high_entropy_mask
 from specroll.grpo.kl import KL_ESTIMATORS, KLEstimator, kl_estimate
@@ -100,69 +100,40 @@ class PolicyLossConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field."""
-        if not 0.0 <= self.clip_low < 1.0:
-            raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low}")
-        if not (self.clip_high >= 0.0 and math.isfinite(self.clip_high)):
-            raise ValueError(f"clip_high must be finite and >= 0, got {self.clip_high}")
-        if self.dual_clip is not None and not (
-            self.dual_clip > 1.0 and math.isfinite(self.dual_clip)
-        ):
-            raise ValueError(f"dual_clip must be None or a finite value > 1, got {self.dual_clip}")
-        if not (self.log_ratio_clamp > 0.0 and math.isfinite(self.log_ratio_clamp)):
-            raise ValueError(f"log_ratio_clamp must be finite and > 0, got {self.log_ratio_clamp}")
-        if not (self.kl_coef >= 0.0 and math.isfinite(self.kl_coef)):
-            raise ValueError(f"kl_coef must be finite and >= 0, got {self.kl_coef}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(
-                f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}"
-            )
-        if self.aggregation not in AGGREGATION_MODES:
-            raise ValueError(
-                f"aggregation must be one of {AGGREGATION_MODES}, got {self.aggregation!r}"
-            )
-        if not isinstance(self.mask_truncated, bool):
-            raise ValueError(f"mask_truncated must be a bool, got {self.mask_truncated!r}")
+        check_probability("clip_low", self.clip_low, high_open=True)
+        check_number("clip_high", self.clip_high, 0)
+        if self.dual_clip is not None:
+            check_number("dual_clip", self.dual_clip, 1, low_open=True)
+        check_positive("log_ratio_clamp", self.log_ratio_clamp)
+        check_number("kl_coef", self.kl_coef, 0)
+        check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        check_choice("aggregation", self.aggregation, AGGREGATION_MODES)
+        check_bool("mask_truncated", self.mask_truncated)
         self.validate_variants()
 
     def validate_variants(self) -> None:
         """GSPO, CISPO, the mismatch correction and entropy-selected tokens, and how they combine."""
-        if self.importance_sampling_level not in IMPORTANCE_LEVELS:
-            raise ValueError(
-                f"importance_sampling_level must be one of {IMPORTANCE_LEVELS}, "
-                f"got {self.importance_sampling_level!r}"
-            )
-        if self.surrogate not in SURROGATES:
-            raise ValueError(f"surrogate must be one of {SURROGATES}, got {self.surrogate!r}")
-        if not (self.cispo_weight_max > 1.0 and math.isfinite(self.cispo_weight_max)):
-            raise ValueError(f"cispo_weight_max must be finite and > 1, got {self.cispo_weight_max}")
-        if self.surrogate == "cispo" and self.aggregation != "token-mean":
-            raise ValueError(
-                f"surrogate 'cispo' needs aggregation 'token-mean' (CISPO normalises by tokens, as in "
-                f"TRL), got {self.aggregation!r}"
-            )
-        if self.surrogate == "cispo" and self.dual_clip is not None:
-            raise ValueError("dual_clip caps the clipped surrogate; surrogate 'cispo' caps its weight "
-                             "with cispo_weight_max instead: set dual_clip to None")
-        if self.mismatch_correction is not None and self.mismatch_correction not in MISMATCH_MODES:
-            raise ValueError(
-                f"mismatch_correction must be None or one of {MISMATCH_MODES}, "
-                f"got {self.mismatch_correction!r}"
-            )
+        check_choice("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_LEVELS)
+        check_choice("surrogate", self.surrogate, SURROGATES)
+        check_number("cispo_weight_max", self.cispo_weight_max, 1, low_open=True)
+        cispo = self.surrogate == "cispo"
+        require(not cispo or self.aggregation == "token-mean", "aggregation", self.aggregation,
+                "'token-mean' with surrogate 'cispo'", why="CISPO normalises by tokens, as in TRL")
+        require(not cispo or self.dual_clip is None, "dual_clip", self.dual_clip, "null with surrogate 'cispo'",
+                why="dual_clip caps the clipped surrogate; CISPO caps its weight with cispo_weight_max instead")
+        if self.mismatch_correction is not None:
+            check_choice("mismatch_correction", self.mismatch_correction, MISMATCH_MODES)
         for name in ("mismatch_weight_max", "mismatch_weight_min"):
-            value = getattr(self, name)
-            if value is not None and not (value >= 0.0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be None or a finite number >= 0, got {value}")
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), 0)
         low, high = self.mismatch_weight_min, self.mismatch_weight_max
-        if low is not None and high is not None and low >= high:
-            raise ValueError(f"mismatch_weight_min ({low}) must be < mismatch_weight_max ({high})")
-        if (self.mismatch_correction or "").endswith("truncate") and low is None and high is None:
-            raise ValueError(
-                f"mismatch_correction {self.mismatch_correction!r} needs mismatch_weight_max or "
-                "mismatch_weight_min: an unbounded weight truncates nothing"
-            )
-        if not (isinstance(self.top_entropy_quantile, (int, float))
-                and 0.0 <= self.top_entropy_quantile <= 1.0):
-            raise ValueError(f"top_entropy_quantile must be in [0, 1], got {self.top_entropy_quantile!r}")
+        if low is not None and high is not None:
+            check_number("mismatch_weight_min", low, 0, high, high_open=True)
+        truncates = (self.mismatch_correction or "").endswith("truncate")
+        require(not truncates or low is not None or high is not None, "mismatch_weight_max", high,
+                f"a bound (or mismatch_weight_min one) with mismatch_correction {self.mismatch_correction!r}",
+                why="an unbounded weight truncates nothing")
+        check_probability("top_entropy_quantile", self.top_entropy_quantile)
 
 
 def valid_token_mask(

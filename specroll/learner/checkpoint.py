@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from specroll.models import ModelConfig, to_hf_state_dict
+from specroll.models import ModelArchitecture, to_hf_state_dict
 from specroll.speculation.drafting.heads_state import HeadsState
 from specroll.storage import (
     OutOfSpaceError,
@@ -432,7 +432,7 @@ def check_compatible(saved: dict[str, Any], learner, path: Path) -> None:
     """Raise `ValueError` naming the first field that makes the checkpoint unusable here."""
     # Compare JSON forms: the saved side went through JSON (tuples became lists).
     current = json.loads(json.dumps(resolved_config(learner, None)))
-    model_fields = [f.name for f in fields(ModelConfig) if f.name not in MODEL_FIELDS_FREE_TO_CHANGE]
+    model_fields = [f.name for f in fields(ModelArchitecture) if f.name not in MODEL_FIELDS_FREE_TO_CHANGE]
     checks = [("model", name) for name in model_fields] + [("learner", name) for name in LEARNER_FIELDS_FIXED]
     for section, name in checks:
         then, now = saved.get(section, {}).get(name), current[section][name]
@@ -521,7 +521,7 @@ def restore_rng_file(rng_file: Path) -> None:
 
 def export_hf(
     model_or_state_dict: torch.nn.Module | dict[str, torch.Tensor],
-    model_config: ModelConfig,
+    model_config: ModelArchitecture,
     tokenizer,
     out_dir: str | Path,
 ) -> Path:

@@ -1,26 +1,17 @@
 """Typed configuration of the GRPO learner (mirrored by `conf/learner/*.yaml`)."""
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from specroll.config_checks import (FieldError, check_bool, check_choice, check_device, check_int, check_number,
+                                    check_positive, check_probability, check_seed, require)
 from specroll.grpo import ON_INVALID_MODES, PolicyLossConfig
 
 ZERO_STAGES = (0, 1, 2, 3)
 # fp16 needs loss scaling and is unsupported on CPU; bf16 has float32's range.
 LEARNER_DTYPES = ("float32", "bfloat16")
 LR_SCHEDULES = ("constant", "cosine")
-
-
-def check_int(name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def check_finite(name: str, value: Any, low: float, high: float = math.inf) -> None:
-    if not isinstance(value, (int, float)) or not (math.isfinite(value) and low <= value <= high):
-        raise ValueError(f"{name} must be a finite number in [{low}, {high}], got {value!r}")
 
 
 @dataclass
@@ -130,87 +121,62 @@ class LearnerConfig:
         self.validate_optimizer()
         self.validate_batching()
         self.validate_loss()
-        if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
-        timeout = self.collective_timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-            raise ValueError(f"collective_timeout_s must be a finite number > 0, got {timeout!r}")
+        check_device("device", self.device)
+        check_seed("seed", self.seed)
+        check_positive("collective_timeout_s", self.collective_timeout_s)
 
     def validate_optimizer(self) -> None:
         """DeepSpeed's stage and precision, AdamW and the learning-rate schedule."""
-        if self.zero_stage not in ZERO_STAGES:
-            raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {self.zero_stage!r}")
-        if self.dtype not in LEARNER_DTYPES:
-            raise ValueError(f"dtype must be one of {LEARNER_DTYPES}, got {self.dtype!r}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
-        check_finite("weight_decay", self.weight_decay, 0.0)
-        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
-        if not (isinstance(self.adam_eps, (int, float)) and self.adam_eps > 0):
-            raise ValueError(f"adam_eps must be > 0, got {self.adam_eps!r}")
-        check_int("warmup_steps", self.warmup_steps, minimum=0)
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
-        check_finite("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_choice("zero_stage", self.zero_stage, ZERO_STAGES)
+        check_choice("dtype", self.dtype, LEARNER_DTYPES)
+        check_positive("lr", self.lr)
+        check_number("weight_decay", self.weight_decay, 0)
+        require(len(self.betas) == 2, "betas", self.betas, "two numbers in [0, 1)")
+        for i, beta in enumerate(self.betas):
+            check_probability(f"betas[{i}]", beta, high_open=True)
+        check_positive("adam_eps", self.adam_eps)
+        check_int("warmup_steps", self.warmup_steps, 0)
+        check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        check_probability("min_lr_ratio", self.min_lr_ratio)
         if self.total_steps is not None:
-            check_int("total_steps", self.total_steps)
+            check_int("total_steps", self.total_steps, 1)
         if self.lr_schedule == "cosine":
-            if self.total_steps is None:
-                raise ValueError("total_steps must be set when lr_schedule is 'cosine'")
-            if self.total_steps <= self.warmup_steps:
-                raise ValueError(
-                    f"total_steps ({self.total_steps}) must exceed warmup_steps ({self.warmup_steps}) "
-                    "for the cosine schedule"
-                )
-        check_finite("grad_clip", self.grad_clip, 0.0)
+            require(self.total_steps is not None, "total_steps", None, "an int", why="the cosine schedule ends there")
+            check_int("total_steps", self.total_steps, self.warmup_steps + 1,
+                      why="the cosine schedule decays after warmup_steps")
+        check_number("grad_clip", self.grad_clip, 0)
 
     def validate_batching(self) -> None:
         """Micro-batches and their checkpointing, mini-batches, epochs and the sequence lengths `update` accepts."""
-        check_int("micro_batch_tokens", self.micro_batch_tokens)
-        if not isinstance(self.activation_checkpointing, bool):
-            raise ValueError(f"activation_checkpointing must be a bool, got {self.activation_checkpointing!r}")
-        check_int("ppo_epochs", self.ppo_epochs)
+        check_int("micro_batch_tokens", self.micro_batch_tokens, 1)
+        check_bool("activation_checkpointing", self.activation_checkpointing)
+        check_int("ppo_epochs", self.ppo_epochs, 1)
         if self.mini_batch_size is not None:
-            check_int("mini_batch_size", self.mini_batch_size)
-        check_int("max_response_len", self.max_response_len)
-        check_int("max_seq_len", self.max_seq_len)
-        if self.max_response_len >= self.max_seq_len:
-            raise ValueError(
-                f"max_response_len ({self.max_response_len}) must be < max_seq_len ({self.max_seq_len}): "
-                "every sequence holds at least one prompt token"
-            )
+            check_int("mini_batch_size", self.mini_batch_size, 1)
+        check_int("max_response_len", self.max_response_len, 1)
+        check_int("max_seq_len", self.max_seq_len, 1)
+        require(self.max_response_len < self.max_seq_len, "max_response_len", self.max_response_len,
+                f"< max_seq_len ({self.max_seq_len})", why="every sequence holds at least one prompt token")
 
     def validate_loss(self) -> None:
         """Rewards, advantages, the training temperature, the reference policy and the GRPO loss."""
-        if self.on_invalid_reward not in ON_INVALID_MODES:
-            raise ValueError(
-                f"on_invalid_reward must be one of {ON_INVALID_MODES}, got {self.on_invalid_reward!r}"
-            )
-        if not isinstance(self.scale_advantages_by_std, bool):
-            raise ValueError(f"scale_advantages_by_std must be a bool, got {self.scale_advantages_by_std!r}")
+        check_choice("on_invalid_reward", self.on_invalid_reward, ON_INVALID_MODES)
+        check_bool("scale_advantages_by_std", self.scale_advantages_by_std)
         if self.overlong_max_len is not None:
-            check_int("overlong_max_len", self.overlong_max_len)
-            check_int("overlong_buffer_len", self.overlong_buffer_len)
-            if self.overlong_buffer_len > self.overlong_max_len:
-                raise ValueError(f"overlong_buffer_len ({self.overlong_buffer_len}) must be <= "
-                                 f"overlong_max_len ({self.overlong_max_len})")
-        elif self.overlong_buffer_len != 0:
-            raise ValueError(f"overlong_buffer_len ({self.overlong_buffer_len!r}) needs overlong_max_len set")
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r}")
-        if not isinstance(self.use_reference, bool):
-            raise ValueError(f"use_reference must be a bool, got {self.use_reference!r}")
-        if not isinstance(self.loss, PolicyLossConfig):
-            raise ValueError(f"loss must be a PolicyLossConfig, got {type(self.loss).__name__}")
+            check_int("overlong_max_len", self.overlong_max_len, 1)
+            check_int("overlong_buffer_len", self.overlong_buffer_len, 1, self.overlong_max_len)
+        else:
+            require(self.overlong_buffer_len == 0, "overlong_buffer_len", self.overlong_buffer_len,
+                    "0 while overlong_max_len is null")
+        check_positive("temperature", self.temperature)
+        check_bool("use_reference", self.use_reference)
+        require(isinstance(self.loss, PolicyLossConfig), "loss", self.loss, "a PolicyLossConfig")
         try:
             self.loss.validate()
-        except ValueError as exc:
-            raise ValueError(f"loss.{exc}") from exc
-        if self.loss.kl_coef > 0 and not self.use_reference:
-            raise ValueError("loss.kl_coef > 0 needs use_reference=True (the KL is to the reference policy)")
+        except FieldError as exc:
+            raise exc.within("loss") from exc
+        require(self.loss.kl_coef == 0 or self.use_reference, "loss.kl_coef", self.loss.kl_coef,
+                "0 without use_reference", why="the KL is to the reference policy")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (what a checkpoint records as the resolved config)."""

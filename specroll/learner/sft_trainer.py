@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import shutil
 import time
@@ -55,13 +54,15 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from specroll.config_checks import (check_choice, check_device, check_int, check_number, check_positive,
+                                    check_probability, check_seed)
 from specroll.data import Problem, format_prompt
 from specroll.grpo import entropy_from_logits
 from specroll.models import CausalLM, resolve_device
 
 from .checkpoint import export_hf
 from .collectives import world_size
-from .config import LearnerConfig, check_int
+from .config import LearnerConfig
 from .grpo_learner import build_engine
 
 PRECISIONS = ("auto", "float32", "bf16-autocast", "bfloat16")
@@ -117,31 +118,20 @@ class SFTConfig:
     def validate(self) -> None:
         """Raise `ValueError` naming the first invalid field."""
 
-        def number_in(name: str, value: Any, low: float, high: float, high_open: bool = False) -> None:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            if not ok or value < low or value > high or (high_open and value == high):
-                raise ValueError(f"{name} must be a finite number in [{low}, {high}{')' if high_open else ']'}, got {value!r}")
-
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
-        number_in("warmup_ratio", self.warmup_ratio, 0.0, 1.0, high_open=True)
-        number_in("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
-        number_in("weight_decay", self.weight_decay, 0.0, math.inf)
-        number_in("grad_clip", self.grad_clip, 0.0, math.inf)
-        check_int("epochs", self.epochs)
-        check_int("row_tokens", self.row_tokens)
-        check_int("batch_tokens", self.batch_tokens)
-        if self.batch_tokens < self.row_tokens:
-            raise ValueError(f"batch_tokens ({self.batch_tokens}) must be >= row_tokens ({self.row_tokens})")
-        check_int("eval_examples", self.eval_examples)
+        check_positive("lr", self.lr)
+        check_probability("warmup_ratio", self.warmup_ratio, high_open=True)
+        check_probability("min_lr_ratio", self.min_lr_ratio)
+        check_number("weight_decay", self.weight_decay, 0)
+        check_number("grad_clip", self.grad_clip, 0)
+        check_int("epochs", self.epochs, 1)
+        check_int("row_tokens", self.row_tokens, 1)
+        check_int("batch_tokens", self.batch_tokens, self.row_tokens, why="a step holds at least one packed row")
+        check_int("eval_examples", self.eval_examples, 1)
         if self.max_steps is not None:
-            check_int("max_steps", self.max_steps)
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.device != "auto" and str(self.device).split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
+            check_int("max_steps", self.max_steps, 1)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_device("device", self.device)
+        check_seed("seed", self.seed)
 
     @property
     def rows_per_step(self) -> int:

@@ -8,7 +8,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 
 @dataclass
-class ModelConfig:
+class ModelArchitecture:
     """Everything our forward needs to know about a Llama-family checkpoint."""
 
     vocab_size: int
@@ -52,7 +52,7 @@ class ModelConfig:
         return self.model_type == "qwen3"
 
     @classmethod
-    def from_hf(cls, hf_config: Any, name: str = "") -> "ModelConfig":
+    def from_hf(cls, hf_config: Any, name: str = "") -> "ModelArchitecture":
         """Translate a transformers config (5.x keeps rope settings in `rope_parameters`)."""
         rope = dict(getattr(hf_config, "rope_parameters", None) or {})
         rope_theta = rope.pop("rope_theta", getattr(hf_config, "rope_theta", 10000.0))

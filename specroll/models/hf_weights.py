@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from .config import ModelConfig
+from .config import ModelArchitecture
 
 
-def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: ModelArchitecture) -> dict[str, torch.Tensor]:
     """HF names (`model.layers.0.self_attn.q_proj.weight` ...) -> our fused parameters."""
     missing = []
 
@@ -46,7 +46,7 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
     return out
 
 
-def to_hf_state_dict(ours: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def to_hf_state_dict(ours: dict[str, torch.Tensor], cfg: ModelArchitecture) -> dict[str, torch.Tensor]:
     """Our fused parameters -> HF names (for export to a transformers directory)."""
     q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     out = {"model.embed_tokens.weight": ours["embed_tokens.weight"], "model.norm.weight": ours["norm.weight"]}

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import ModelConfig
+from .config import ModelArchitecture
 from .kv_cache import KVCache, LayerKV, attended, store
 from .prepacked_linear import PrepackedLinear, set_prepacked
 
@@ -41,7 +41,7 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def rope_inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
+def rope_inverse_frequencies(cfg: ModelArchitecture) -> torch.Tensor:
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
     scaling = cfg.rope_scaling or {}
     if scaling.get("rope_type") != "llama3":
@@ -101,7 +101,7 @@ def grouped_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelArchitecture) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -134,7 +134,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelArchitecture) -> None:
         super().__init__()
         self.gate_up_proj = PrepackedLinear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = PrepackedLinear(cfg.intermediate_size, cfg.hidden_size, bias=False)
@@ -145,7 +145,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelArchitecture) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
@@ -167,7 +167,7 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelArchitecture) -> None:
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)

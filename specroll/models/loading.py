@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from specroll.storage import publish_directory
 
-from .config import ModelConfig
+from .config import ModelArchitecture
 from .hf_weights import from_hf_state_dict
 from .llama import CausalLM, rope_inverse_frequencies
 
@@ -202,7 +202,7 @@ def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
 def load_model_dir(model_dir: Path, name: str, dtype: torch.dtype, device: torch.device) -> CausalLM:
     from transformers import AutoConfig
 
-    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(model_dir), name=name)
+    cfg = ModelArchitecture.from_hf(AutoConfig.from_pretrained(model_dir), name=name)
     state = from_hf_state_dict(read_safetensors(model_dir), cfg)
     with torch.device("meta"):
         model = CausalLM(cfg)

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from .config import ModelConfig
+from .config import ModelArchitecture
 from .llama import CausalLM
 
 
-def tiny_config(model_type: str = "llama", **overrides) -> ModelConfig:
+def tiny_config(model_type: str = "llama", **overrides) -> ModelArchitecture:
     """A 2-layer model with grouped-query attention and a small vocabulary; Qwen3's heads are wider
     than hidden / heads, as in Qwen3-0.6B, so nothing may assume they are equal."""
     fields = dict(
@@ -28,7 +28,7 @@ def tiny_config(model_type: str = "llama", **overrides) -> ModelConfig:
         name=f"tiny-{model_type}",
     )
     fields.update(overrides)
-    return ModelConfig(**fields)
+    return ModelArchitecture(**fields)
 
 
 def build_tiny_model(model_type: str = "llama", seed: int = 0, init_std: float = 0.02, **overrides) -> CausalLM:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from specroll.models.config import ModelConfig
+from specroll.models.config import ModelArchitecture
 
 ARCHITECTURES = Path(__file__).resolve().parents[1] / "assets" / "architectures"
 
@@ -29,7 +29,7 @@ class ModelShape(NamedTuple):
     qk_norm: bool  # Qwen3: a norm over each head's queries and keys
 
     @classmethod
-    def of(cls, cfg: ModelConfig) -> "ModelShape":
+    def of(cls, cfg: ModelArchitecture) -> "ModelShape":
         return cls(cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
                    cfg.num_kv_heads, cfg.head_dim, cfg.tie_word_embeddings, cfg.qkv_bias, cfg.qk_norm)
 
@@ -67,7 +67,7 @@ def shipped_architecture(name: str) -> Path | None:
 
 
 def model_shape(model) -> ModelShape:
-    """The shape of the model a `ModelSection` names: a tiny-* model's (vocabulary sized to its
+    """The shape of the model a `ModelConfig` names: a tiny-* model's (vocabulary sized to its
     tokenizer), a shipped preset's, or a local model's config (raises for a hub model not shipped
     and not in the local cache)."""
     from transformers import AutoConfig
@@ -79,4 +79,4 @@ def model_shape(model) -> ModelShape:
         vocab = {} if tokenizer is None else {"vocab_size": len(tokenizer)}
         return ModelShape.of(tiny_config(model.tiny_type, **vocab))
     folder = shipped_architecture(model.name) or resolve_checkpoint(model.name)
-    return ModelShape.of(ModelConfig.from_hf(AutoConfig.from_pretrained(folder)))
+    return ModelShape.of(ModelArchitecture.from_hf(AutoConfig.from_pretrained(folder)))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specroll.config_checks import check_choice, check_int, check_number, check_probability, require
+
 from .adaptation.consolidation import ConsolidationConfig
 from .adaptation.drift_detector import DriftConfig
 from .adaptation.head_records import RECORD_NODES
@@ -72,48 +74,31 @@ class SpeculationConfig:
     consolidation: ConsolidationConfig = field(default_factory=ConsolidationConfig)  # slow path: the update itself
 
     def __post_init__(self) -> None:
-        if self.num_heads < 1:
-            raise ValueError(f"speculation.num_heads must be >= 1, got {self.num_heads}")
-        if self.max_depth is not None and self.max_depth < 1:
-            raise ValueError(f"speculation.max_depth must be >= 1 or null, got {self.max_depth}")
+        check_int("num_heads", self.num_heads, 1)
+        if self.max_depth is not None:
+            check_int("max_depth", self.max_depth, 1)
         self.tree_depth(self.num_heads)  # the heads this config makes
-        if self.head_type not in HEAD_TYPES:
-            raise ValueError(f"speculation.head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
-        if self.budget not in BUDGET_POLICIES:
-            raise ValueError(f"speculation.budget must be one of {BUDGET_POLICIES}, got {self.budget!r}")
-        if self.min_nodes < 1:
-            raise ValueError(f"speculation.min_nodes must be >= 1, got {self.min_nodes}")
-        if self.max_nodes < self.min_nodes:
-            raise ValueError(f"speculation.max_nodes ({self.max_nodes}) must be >= speculation.min_nodes ({self.min_nodes})")
-        if not self.min_nodes <= self.fixed_nodes <= self.max_nodes:
-            raise ValueError(f"speculation.fixed_nodes must be within [min_nodes, max_nodes], got {self.fixed_nodes}")
-        if self.would_be_every < 0:
-            raise ValueError(f"speculation.would_be_every must be >= 0 (0 = off), got {self.would_be_every}")
-        if self.capacity is not None and self.capacity < 1:
-            raise ValueError(f"speculation.capacity must be >= 1 or null, got {self.capacity}")
-        if self.max_frontier < 1:
-            raise ValueError(f"speculation.max_frontier must be >= 1, got {self.max_frontier}")
-        if self.max_children < 1:
-            raise ValueError(f"speculation.max_children must be >= 1, got {self.max_children}")
-        if self.min_gain < 0:
-            raise ValueError(f"speculation.min_gain must be >= 0, got {self.min_gain}")
-        if self.lookup_ngram < 1:
-            raise ValueError(f"speculation.lookup_ngram must be >= 1, got {self.lookup_ngram}")
-        if not (self.head_drafts or self.context_lookup or self.sibling_lookup or self.history_lookup):
-            raise ValueError("speculation.head_drafts is false and every lookup is off: nothing would be drafted")
-        if self.history_tokens_per_prompt < 1:
-            raise ValueError(f"speculation.history_tokens_per_prompt must be >= 1, got {self.history_tokens_per_prompt}")
-        if self.history_tokens < self.history_tokens_per_prompt:
-            raise ValueError(f"speculation.history_tokens ({self.history_tokens}) must be >= "
-                             f"speculation.history_tokens_per_prompt ({self.history_tokens_per_prompt})")
-        if self.adaptation not in ADAPTATION_MODES:
-            raise ValueError(f"speculation.adaptation must be one of {ADAPTATION_MODES}, got {self.adaptation!r}")
-        if self.records_per_rollout < 1:
-            raise ValueError(f"speculation.records_per_rollout must be >= 1, got {self.records_per_rollout}")
-        if self.record_nodes not in RECORD_NODES:
-            raise ValueError(f"speculation.record_nodes must be one of {RECORD_NODES}, got {self.record_nodes!r}")
-        if not 0 <= self.calibration_momentum < 1:
-            raise ValueError(f"speculation.calibration_momentum must be in [0, 1), got {self.calibration_momentum}")
+        check_choice("head_type", self.head_type, HEAD_TYPES)
+        check_choice("budget", self.budget, BUDGET_POLICIES)
+        check_int("min_nodes", self.min_nodes, 1)
+        check_int("max_nodes", self.max_nodes, self.min_nodes, why="min_nodes is the least a step drafts")
+        check_int("fixed_nodes", self.fixed_nodes, self.min_nodes, self.max_nodes)
+        check_int("would_be_every", self.would_be_every, 0)
+        if self.capacity is not None:
+            check_int("capacity", self.capacity, 1)
+        check_int("max_frontier", self.max_frontier, 1)
+        check_int("max_children", self.max_children, 1)
+        check_number("min_gain", self.min_gain, 0)
+        check_int("lookup_ngram", self.lookup_ngram, 1)
+        require(self.head_drafts or self.context_lookup or self.sibling_lookup or self.history_lookup, "head_drafts",
+                self.head_drafts, "true when every lookup is off", why="nothing would be drafted")
+        check_int("history_tokens_per_prompt", self.history_tokens_per_prompt, 1)
+        check_int("history_tokens", self.history_tokens, self.history_tokens_per_prompt,
+                  why="history_tokens_per_prompt is what one prompt keeps")
+        check_choice("adaptation", self.adaptation, ADAPTATION_MODES)
+        check_int("records_per_rollout", self.records_per_rollout, 1)
+        check_choice("record_nodes", self.record_nodes, RECORD_NODES)
+        check_probability("calibration_momentum", self.calibration_momentum, high_open=True)
 
     def tree_depth(self, heads_depth: int) -> int:
         """How deep trees draft with heads of `heads_depth` (`HorizonHeads.num_heads`): `max_depth`,
@@ -121,9 +106,8 @@ class SpeculationConfig:
         sized by depth asks the decoder's `depth`, which asks this."""
         if self.max_depth is None:
             return heads_depth
-        if self.max_depth > heads_depth:
-            raise ValueError(f"speculation.max_depth ({self.max_depth}) is deeper than the heads ({heads_depth}): "
-                             "no draft source reaches past the last head yet; set max_depth <= num_heads or null")
+        require(self.max_depth <= heads_depth, "max_depth", self.max_depth, f"null or <= the heads' depth ({heads_depth})",
+                why="no draft source reaches past the last head yet")
         return self.max_depth
 
     @property

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specroll.config_checks import check_choice, check_text
+
 LOGGER_BACKENDS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
 
 
 @dataclass
-class LoggerSection:
+class LoggerConfig:
     """Where metrics go: W&B, a JSONL file in the run directory, the console."""
 
     backend: str = "wandb"  # wandb or none
@@ -21,11 +23,9 @@ class LoggerSection:
     rollouts: bool = False  # append each step's responses (token ids, rewards) to run_dir/rollouts.jsonl
 
     def __post_init__(self) -> None:
-        for name, choices in (("backend", LOGGER_BACKENDS), ("mode", WANDB_MODES)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {getattr(self, name)!r}")
-        if not self.project:
-            raise ValueError("project must be a non-empty string")
+        check_choice("backend", self.backend, LOGGER_BACKENDS)
+        check_choice("mode", self.mode, WANDB_MODES)
+        check_text("project", self.project)
 
     @property
     def uses_wandb(self) -> bool:

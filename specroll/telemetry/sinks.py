@@ -1,7 +1,7 @@
 """Where a step's metrics go: a W&B run, a JSONL file in the run directory, a console line.
 
 `MetricsLogger` checks every name against the namespace (`metric_names`) and every value
-(a real number), then fans the step out to the sinks the `LoggerSection` enables.
+(a real number), then fans the step out to the sinks the `LoggerConfig` enables.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from specroll.storage import write_atomically
 
-from .config import LoggerSection
+from .config import LoggerConfig
 from .metric_names import FAMILIES, STEP, check_metric_name
 from .wandb_branch import branch_notes, branch_to_keep, keep_branch, read_branch, run_to_continue
 
@@ -130,7 +130,7 @@ class WandbSink:
     the dashboard's, `telemetry.dashboard`) draw metrics against the training step.
     """
 
-    def __init__(self, cfg: LoggerSection, run_dir: Path, config: dict | None, run_id: str | None,
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, config: dict | None, run_id: str | None,
                  notes: str | None = None) -> None:
         import wandb
 
@@ -160,7 +160,7 @@ class WandbSink:
         self.run.finish()
 
 
-def open_wandb(cfg: LoggerSection, run_dir: Path, config: dict | None, continued: str | None,
+def open_wandb(cfg: LoggerConfig, run_dir: Path, config: dict | None, continued: str | None,
                saved_run_id: str | None, first_step: int) -> WandbSink:
     """The W&B run `continued` names, or a new one given the steps before `first_step` from metrics.jsonl."""
     if continued is not None:
@@ -190,7 +190,7 @@ class MetricsLogger:
 
     def __init__(
         self,
-        cfg: LoggerSection,
+        cfg: LoggerConfig,
         run_dir: str | Path,
         config: dict | None = None,
         run_id: str | None = None,

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specroll.command_line import errors_as_messages
-from specroll.configs import ModelSection
+from specroll.configs import ModelConfig
 from specroll.eval.policy import CheckpointPolicy, find_checkpoint, read_checkpoint_policy
 from specroll.learner import export_hf
 from specroll.models import resolve_checkpoint, resolve_dtype
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def model_tokenizer(section: ModelSection):
+def model_tokenizer(section: ModelConfig):
     """The tokenizer of the run's model (of `model.tokenizer` for a tiny model); None when it has none."""
     from transformers import AutoTokenizer
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from specroll.config_checks import check_bool, check_int, check_number, check_positive, check_probability
+
 from ..drafting.heads import HorizonHeads
 from ..head_training.loss import HeadBatch, HeadLossConfig, head_states, train_step
 from ..head_training.targets import SparseDistribution
@@ -46,21 +48,18 @@ class ConsolidationConfig:
     wait: bool = False  # the driver waits for an update before the next rollout (else it overlaps the learner)
 
     def __post_init__(self) -> None:
-        def check(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise ValueError(f"speculation.consolidation.{name} must be {rule}, got {getattr(self, name)!r}")
-
-        check(self.replay_capacity >= 1, "replay_capacity", ">= 1")
-        check(self.max_policy_lag >= 0, "max_policy_lag", ">= 0")
-        check(0 < self.held_out_fraction < 1, "held_out_fraction", "in (0, 1)")
-        check(self.lr > 0, "lr", "> 0")
-        check(self.steps >= 1, "steps", ">= 1")
-        check(self.batch_records >= 1, "batch_records", ">= 1")
-        check(self.max_grad_norm > 0, "max_grad_norm", "> 0")
+        check_int("replay_capacity", self.replay_capacity, 1)
+        check_int("max_policy_lag", self.max_policy_lag, 0)
+        check_probability("held_out_fraction", self.held_out_fraction, low_open=True, high_open=True)
+        check_positive("lr", self.lr)
+        check_int("steps", self.steps, 1)
+        check_int("batch_records", self.batch_records, 1)
+        check_positive("max_grad_norm", self.max_grad_norm)
         for name in ("distill_weight", "nll_weight", "proximal_weight"):
-            check(getattr(self, name) >= 0, name, ">= 0")
-        check(0 < self.head_decay <= 1, "head_decay", "in (0, 1]")
-        check(self.commit_ce_ratio >= 1, "commit_ce_ratio", ">= 1")
+            check_number(name, getattr(self, name), 0)
+        check_probability("head_decay", self.head_decay, low_open=True)
+        check_number("commit_ce_ratio", self.commit_ce_ratio, 1)
+        check_bool("wait", self.wait)
 
     @property
     def loss(self) -> HeadLossConfig:

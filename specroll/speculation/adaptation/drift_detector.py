@@ -34,7 +34,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-CONFIG_PATH = "rollout.speculation.drift"  # where DriftConfig sits in the run config; errors name it
+from specroll.config_checks import check_choice, check_int, check_number, check_positive, check_probability, require
+
 MAD_SCALE = 1.4826  # MAD * 1.4826 estimates the standard deviation of normally distributed data
 DRIFT_SIGNALS = ("tv", "acceptance")
 
@@ -58,20 +59,14 @@ class DriftConfig:
         self.depth_buckets = tuple(self.depth_buckets)
         for name, least in (("calibration_steps", 1), ("check_every", 1), ("min_records", 1), ("consecutive", 1),
                             ("cooldown_steps", 0), ("max_heads_per_event", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < least:
-                raise ValueError(f"{CONFIG_PATH}.{name} must be an int >= {least}, got {value!r}")
-        if not self.z_threshold >= 0:
-            raise ValueError(f"{CONFIG_PATH}.z_threshold must be >= 0, got {self.z_threshold}")
-        if not 0 <= self.min_acceptance_drop <= 1:
-            raise ValueError(f"{CONFIG_PATH}.min_acceptance_drop must be in [0, 1], got {self.min_acceptance_drop}")
-        if self.signal not in DRIFT_SIGNALS:
-            raise ValueError(f"{CONFIG_PATH}.signal must be one of {DRIFT_SIGNALS}, got {self.signal!r}")
-        if not self.mad_floor > 0:
-            raise ValueError(f"{CONFIG_PATH}.mad_floor must be > 0, got {self.mad_floor}")
+            check_int(name, getattr(self, name), least)
+        check_number("z_threshold", self.z_threshold, 0)
+        check_probability("min_acceptance_drop", self.min_acceptance_drop)
+        check_choice("signal", self.signal, DRIFT_SIGNALS)
+        check_positive("mad_floor", self.mad_floor)
         edges = self.depth_buckets
-        if any(not isinstance(e, int) or e < 1 for e in edges) or list(edges) != sorted(set(edges)):
-            raise ValueError(f"{CONFIG_PATH}.depth_buckets must be increasing positive ints, got {edges!r}")
+        require(all(isinstance(e, int) and e >= 1 for e in edges) and list(edges) == sorted(set(edges)),
+                "depth_buckets", edges, "increasing positive ints")
 
     @property
     def num_buckets(self) -> int:

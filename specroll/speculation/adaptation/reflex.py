@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specroll.config_checks import check_choice, check_int, check_number, check_positive, check_probability
+
 from ..drafting.heads import draft_policy_top
 from .maturation import MaturedProposals
 
@@ -60,26 +62,22 @@ class ReflexConfig:
     guard_off_rollouts: int = 50  # ... for this many calls
 
     def __post_init__(self) -> None:
-        def check(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise ValueError(f"speculation.reflex.{name} must be {rule}, got {getattr(self, name)!r}")
-
-        check(self.mode in REFLEX_MODES, "mode", f"one of {REFLEX_MODES}")
-        check(self.scale >= 0, "scale", ">= 0")
-        check(self.half_life_tokens > 0, "half_life_tokens", "> 0")
-        check(self.eta > 0, "eta", "> 0")
+        check_choice("mode", self.mode, REFLEX_MODES)
+        check_number("scale", self.scale, 0)
+        check_positive("half_life_tokens", self.half_life_tokens)
+        check_positive("eta", self.eta)
         for name in ("norm_momentum", "reliability_momentum"):
-            check(0 <= getattr(self, name) < 1, name, "in [0, 1)")
+            check_probability(name, getattr(self, name), high_open=True)
         for name in ("feedback_clip", "reset_rms", "state_clip", "tv_span", "evidence_scale"):
-            check(getattr(self, name) > 0, name, "> 0")
-        check(0 <= self.tv_floor < 1, "tv_floor", "in [0, 1)")
-        check(0 < self.horizon_decay <= 1, "horizon_decay", "in (0, 1]")
-        check(self.coverage_weight >= 0, "coverage_weight", ">= 0")
-        check(self.sketch_size >= 1, "sketch_size", ">= 1")
-        check(-1 <= self.reliability_threshold <= 1, "reliability_threshold", "in [-1, 1]")
+            check_positive(name, getattr(self, name))
+        check_probability("tv_floor", self.tv_floor, high_open=True)
+        check_probability("horizon_decay", self.horizon_decay, low_open=True)
+        check_number("coverage_weight", self.coverage_weight, 0)
+        check_int("sketch_size", self.sketch_size, 1)
+        check_number("reliability_threshold", self.reliability_threshold, -1, 1)
         for name in ("guard_baseline_rollouts", "guard_bad_in_a_row", "guard_off_rollouts"):
-            check(getattr(self, name) >= 1, name, ">= 1")
-        check(0 < self.guard_ratio <= 1, "guard_ratio", "in (0, 1]")
+            check_int(name, getattr(self, name), 1)
+        check_probability("guard_ratio", self.guard_ratio, low_open=True)
 
 
 @dataclass

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specroll.config_checks import check_int, check_number, check_probability
+
 from ..drafting.heads import HorizonHeads
 from .targets import DistillTargets, SparseDistribution
 
@@ -34,12 +36,9 @@ class HeadLossConfig:
 
     def __post_init__(self) -> None:
         for name in ("distill_weight", "nll_weight", "proximal_weight"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"HeadLossConfig.{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.head_decay <= 1:
-            raise ValueError(f"HeadLossConfig.head_decay must be in (0, 1], got {self.head_decay}")
-        if self.chunk_positions < 1:
-            raise ValueError(f"HeadLossConfig.chunk_positions must be >= 1, got {self.chunk_positions}")
+            check_number(name, getattr(self, name), 0)
+        check_probability("head_decay", self.head_decay, low_open=True)
+        check_int("chunk_positions", self.chunk_positions, 1)
 
 
 def coarse_kl(z: torch.Tensor, lse: torch.Tensor, top_logp: torch.Tensor, top_idx: torch.Tensor,

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from specroll.config_checks import check_int, check_positive, check_seed
 from specroll.data import format_prompt, load_problems
 from specroll.models.loading import cache_root
 from specroll.rollout import RolloutEngine, SamplingParams
@@ -46,10 +47,9 @@ class SampleConfig:
 
     def __post_init__(self) -> None:
         for name in ("positions", "prompts_per_batch", "samples_per_prompt", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SampleConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature <= 0:
-            raise ValueError(f"SampleConfig.temperature must be > 0, got {self.temperature}")
+            check_int(name, getattr(self, name), 1)
+        check_positive("temperature", self.temperature)
+        check_seed("seed", self.seed)
 
 
 @dataclass

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from specroll.config_checks import check_int, check_number, check_positive, check_probability, check_seed, require
+
 from ..drafting.heads import HorizonHeads
 from .evaluation import evaluate, format_eval
 from .loss import HeadBatch, HeadLossConfig, train_step
@@ -49,16 +51,16 @@ class HeadTrainConfig:
         self.eval_ks = tuple(self.eval_ks)
         for name in ("epochs", "batch_positions", "chunk_positions", "target_top_k", "eval_every",
                      "eval_positions", "policy_batch_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"HeadTrainConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"HeadTrainConfig.lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0 or self.nll_weight < 0 or self.max_grad_norm <= 0:
-            raise ValueError("HeadTrainConfig.weight_decay and nll_weight must be >= 0, max_grad_norm > 0")
-        if not 0 < self.head_decay <= 1:
-            raise ValueError(f"HeadTrainConfig.head_decay must be in (0, 1], got {self.head_decay}")
-        if not self.eval_ks or min(self.eval_ks) < 1:
-            raise ValueError(f"HeadTrainConfig.eval_ks must be positive ints, got {self.eval_ks}")
+            check_int(name, getattr(self, name), 1)
+        check_positive("lr", self.lr)
+        check_number("weight_decay", self.weight_decay, 0)
+        check_number("nll_weight", self.nll_weight, 0)
+        check_positive("max_grad_norm", self.max_grad_norm)
+        check_probability("head_decay", self.head_decay, low_open=True)
+        require(bool(self.eval_ks), "eval_ks", self.eval_ks, "at least one k")
+        for i, k in enumerate(self.eval_ks):
+            check_int(f"eval_ks[{i}]", k, 1)
+        check_seed("seed", self.seed)
 
     @property
     def loss(self) -> HeadLossConfig:
