@@ -138,7 +138,8 @@ def test_invalid_configs_fail_before_anything_starts(tmp_path):
     result = subprocess.run([sys.executable, "-m", "specroll.train", "experiment=smoke", "cluster.num_rollout_actors=3"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=300, env=CHECKOUT_ENV)
     assert result.returncode != 0
-    assert "invalid config: cluster.num_rollout_actors (3) must be <= data.prompts_per_step (2)" in result.stderr
+    assert ("invalid config: cluster.num_rollout_actors must be <= data.prompts_per_step (2), got 3: each rollout "
+            "actor needs at least one prompt\n") == result.stderr
     assert "Ray" not in result.stdout + result.stderr
 
     with pytest.raises(ValueError, match="model.tokenizer must be set for training"):
