@@ -31,7 +31,7 @@ from ..rollout.stats import CompileStats, DecoderStats
 from .config import FastGRPOConfig
 from .drafter import FeatureDrafter, initial_drafter
 from .feature_log import DraftSequences, FeatureLog
-from .tree_rule import TreeShape, levels_worth_drafting, node_budget, tree_shape
+from .tree_rule import TreeShape, levels_worth_drafting, nodes_per_response, tree_shape
 
 
 class DrafterCall:
@@ -93,7 +93,7 @@ class FastGRPODecoder:
 
     def shape(self, active_rows: int) -> TreeShape:
         c = self.cfg
-        return tree_shape(node_budget(self.capacity, active_rows, c.max_nodes), c.min_depth, c.max_depth,
+        return tree_shape(nodes_per_response(self.capacity, active_rows, c.max_nodes), c.min_depth, c.max_depth,
                           c.depth_scale, c.max_width)
 
     @torch.inference_mode()
