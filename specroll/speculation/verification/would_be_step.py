@@ -9,7 +9,7 @@ import torch
 from specroll.rollout.decode_state import DecodeState, StepResult
 
 from ..drafting.tree import Candidates, select_tree
-from .tree_step import calibrated
+from ..step import calibrated
 from .would_be import node_ranks
 
 
