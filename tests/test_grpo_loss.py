@@ -23,7 +23,9 @@ import torch
 from specroll.grpo import (
     PolicyLossConfig,
     aggregation_denominator,
+    high_entropy_mask,
     policy_loss,
+    soft_overlong_penalty,
     valid_token_mask,
 )
 
@@ -268,6 +270,13 @@ def test_micro_batches_with_normalizer_reproduce_full_batch(aggregation):
         ("kl_estimator", "k4"),
         ("aggregation", "seq-sum"),
         ("mask_truncated", "yes"),
+        ("importance_sampling_level", "sequence_token"),
+        ("surrogate", "ppo"),
+        ("cispo_weight_max", 1.0),
+        ("mismatch_correction", "token"),
+        ("mismatch_weight_max", -1.0),
+        ("mismatch_weight_min", math.inf),
+        ("top_entropy_quantile", 1.5),
     ],
 )
 def test_config_validation_names_the_bad_field(field, value):
@@ -286,3 +295,126 @@ def test_default_config_is_valid_and_shapes_are_checked():
         policy_loss(logp_new, logp_old, ADVANTAGES[:1], FULL_MASK, PolicyLossConfig())
     with pytest.raises(ValueError, match=r"\[B, T\]"):
         policy_loss(logp_new, logp_old[:, :2], ADVANTAGES, FULL_MASK, PolicyLossConfig())
+
+
+def test_gspo_clips_and_weights_whole_sequences():
+    # Sequence ratios are geometric means: seq 0 (1.1 * 1.5 * 0.5)^(1/3) = 0.825^(1/3) = 0.937873,
+    # A = +1, inside [0.8, 1.28]; seq 1 (0.9 * 0.5 * 4.0)^(1/3) = 1.8^(1/3) = 1.216440, A = -1,
+    # unclipped. token-mean: (3 * -0.937873 + 3 * 1.216440) / 6.
+    logp_new, logp_old = _logps()
+    cfg = PolicyLossConfig(importance_sampling_level="sequence")
+    loss, metrics = policy_loss(logp_new, logp_old, ADVANTAGES, FULL_MASK, cfg)
+    s0, s1 = 0.825 ** (1 / 3), 1.8 ** (1 / 3)
+    torch.testing.assert_close(loss, torch.tensor((s1 - s0) / 2, dtype=torch.float64))
+    loss.backward()
+    # d s / d logp_t = s / 3 for each of a sequence's 3 tokens; each sequence's loss weighs 3 / 6.
+    expected = torch.tensor([[-s0] * 3, [s1] * 3], dtype=torch.float64) / 6
+    torch.testing.assert_close(logp_new.grad, expected)
+    assert metrics["clip_frac_low"].item() == metrics["clip_frac_high"].item() == 0.0
+
+    # With the range [0.95, 1.1] and the advantages' signs flipped, seq 0 (A = -1, 0.938 < 0.95) is
+    # low-clipped and seq 1 (A = +1, 1.216 > 1.1) high-clipped, each as a whole.
+    logp_new.grad = None
+    cfg = PolicyLossConfig(importance_sampling_level="sequence", clip_low=0.05, clip_high=0.1)
+    loss, metrics = policy_loss(logp_new, logp_old, -ADVANTAGES, FULL_MASK, cfg)
+    loss.backward()
+    assert torch.equal(logp_new.grad, torch.zeros(2, 3, dtype=torch.float64))
+    assert metrics["clip_frac_low"].item() == metrics["clip_frac_high"].item() == 0.5
+
+
+def test_cispo_caps_the_weight_and_keeps_every_gradient():
+    # Weights min(r, 1.3), detached: seq 0 [1.1, 1.3, 0.5], seq 1 [0.9, 0.5, 1.3]; per-token loss
+    # -w * A * logp_new, so d / d logp_new = -w * A / 6 even where the clipped surrogate gives 0.
+    logp_new, logp_old = _logps()
+    cfg = PolicyLossConfig(surrogate="cispo", cispo_weight_max=1.3)
+    loss, metrics = policy_loss(logp_new, logp_old, ADVANTAGES, FULL_MASK, cfg)
+    weights = torch.tensor([[1.1, 1.3, 0.5], [0.9, 0.5, 1.3]], dtype=torch.float64)
+    expected_loss = (-weights * ADVANTAGES[:, None] * logp_new.detach()).mean()
+    torch.testing.assert_close(loss, expected_loss)
+    loss.backward()
+    torch.testing.assert_close(logp_new.grad, -weights * ADVANTAGES[:, None] / 6)
+    assert metrics["cispo_clip_frac"].item() == pytest.approx(2 / 6)
+    assert "clip_frac_low" not in metrics
+
+
+@pytest.mark.parametrize(
+    ("mode", "bounds", "weights", "flagged"),
+    [
+        # Token weights pi_old / pi_sampler = [0.5, 2, 4]; bounds [min, max].
+        ("token_truncate", (None, 3.0), [0.5, 2.0, 3.0], [0, 0, 1]),
+        ("token_truncate", (0.6, 3.0), [0.6, 2.0, 3.0], [1, 0, 1]),
+        ("token_mask", (None, 3.0), [0.5, 2.0, 0.0], [0, 0, 1]),
+        ("token_mask", (0.6, None), [0.0, 2.0, 4.0], [1, 0, 0]),
+        # One weight per sequence: 0.5 * 2 * 4 = 4.
+        ("sequence_truncate", (None, 3.0), [3.0, 3.0, 3.0], [1, 1, 1]),
+        ("sequence_mask", (None, 3.0), [0.0, 0.0, 0.0], [1, 1, 1]),
+        ("sequence_mask", (None, 5.0), [4.0, 4.0, 4.0], [0, 0, 0]),
+    ],
+)
+def test_mismatch_weights_multiply_the_policy_loss(mode, bounds, weights, flagged):
+    # Ratio 1 and A = +1: the per-token loss is -w, token-mean over 3 tokens.
+    logp_old = torch.full((1, 3), math.log(0.1), dtype=torch.float64)
+    logp_new = logp_old.clone().requires_grad_()
+    logp_sampler = logp_old - torch.tensor([[0.5, 2.0, 4.0]], dtype=torch.float64).log()
+    cfg = PolicyLossConfig(mismatch_correction=mode, mismatch_weight_min=bounds[0],
+                           mismatch_weight_max=bounds[1])
+    loss, metrics = policy_loss(logp_new, logp_old, torch.ones(1, dtype=torch.float64),
+                                torch.ones(1, 3), cfg, logp_sampler=logp_sampler)
+    w = torch.tensor([weights], dtype=torch.float64)
+    torch.testing.assert_close(loss, -w.mean())
+    loss.backward()
+    torch.testing.assert_close(logp_new.grad, -w / 3)
+    assert metrics["is_weight_mean"].item() == pytest.approx(sum(weights) / 3)
+    assert metrics["is_clipped_frac"].item() == pytest.approx(sum(flagged) / 3)
+    with pytest.raises(ValueError, match="logp_sampler"):
+        policy_loss(logp_new, logp_old, torch.ones(1), torch.ones(1, 3), cfg)
+
+
+def test_entropy_selected_tokens_carry_the_policy_gradient_only():
+    # Valid entropies [0.1, 2.0, 1.0, 3.0] (the 5th token is padding, entropy 9): the 0.5 quantile
+    # of [0.1, 1, 2, 3] is 1.5, so tokens 1 and 3 are kept.
+    entropy = torch.tensor([[0.1, 2.0, 1.0, 3.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]]).bool()
+    assert high_entropy_mask(entropy, mask, 0.5).tolist() == [[False, True, False, True, False]]
+    assert high_entropy_mask(entropy, mask, 1.0).tolist() == [[True, True, True, True, False]]
+    assert high_entropy_mask(entropy, mask, 0.0).tolist() == [[False, False, False, True, False]]
+    assert not high_entropy_mask(entropy, torch.zeros_like(mask), 0.5).any()
+
+    # Ratio 1, A = +1: kept tokens have loss -1, the others 0; token-mean over all 4 valid tokens.
+    # The KL penalty (ref = 0.5 * p, k3 = ln 2 - 0.5) stays on every token.
+    logp_old = torch.full((1, 5), math.log(0.5), dtype=torch.float64)
+    logp_new = logp_old.clone().requires_grad_()
+    logp_ref = torch.full((1, 5), math.log(0.25), dtype=torch.float64)
+    cfg = PolicyLossConfig(top_entropy_quantile=0.5, kl_coef=0.1)
+    loss, metrics = policy_loss(logp_new, logp_old, torch.ones(1, dtype=torch.float64), mask, cfg,
+                                logp_ref=logp_ref, entropy=entropy)
+    torch.testing.assert_close(loss, torch.tensor(-2 / 4 + 0.1 * (math.log(2) - 0.5), dtype=torch.float64))
+    loss.backward()
+    kl_grad = 0.1 * 0.5 / 4
+    expected = torch.tensor([[kl_grad, kl_grad - 0.25, kl_grad, kl_grad - 0.25, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(logp_new.grad, expected)
+    assert metrics["entropy_mask_frac"].item() == 0.5
+    with pytest.raises(ValueError, match="entropy"):
+        policy_loss(logp_new, logp_old, torch.ones(1), mask, cfg, logp_ref=logp_ref)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"surrogate": "cispo", "aggregation": "seq-mean-token-mean"}, "token-mean"),
+        ({"surrogate": "cispo", "dual_clip": 3.0}, "dual_clip"),
+        ({"mismatch_correction": "token_truncate", "mismatch_weight_max": None}, "truncates nothing"),
+        ({"mismatch_weight_min": 2.0, "mismatch_weight_max": 2.0}, "mismatch_weight_min"),
+    ],
+)
+def test_refused_combinations(fields, message):
+    with pytest.raises(ValueError, match=message):
+        PolicyLossConfig(**fields).validate()
+
+
+def test_soft_overlong_penalty_hand_worked():
+    # L_max = 10, L_cache = 4: no penalty up to 6 tokens, then -1/4 per token, -1 at and past the cap.
+    penalty = soft_overlong_penalty(torch.tensor([0, 6, 7, 9, 10, 12]), 10, 4)
+    assert penalty.tolist() == [0.0, 0.0, -0.25, -0.75, -1.0, -1.0]
+    with pytest.raises(ValueError, match="buffer_len"):
+        soft_overlong_penalty(torch.tensor([1]), 10, 0)

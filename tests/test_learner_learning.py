@@ -3,6 +3,8 @@
 Task: reward 1 when a response's first token is a target token whose initial probability is
 5-20%. A working loop (advantages, log-probs, loss sign, accumulation, weight publishing)
 drives it above 0.8 within a fixed number of steps; any sign or masking bug keeps it near chance.
+GRPO's clipped loss, GSPO's (the `learner/loss=gspo` preset) and CISPO's with the mismatch
+correction on the rollout's log-probs each get there.
 """
 
 import pytest
@@ -13,6 +15,12 @@ from specroll.models import CausalLM, build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 
 NUM_PROMPTS, GROUP_SIZE, STEPS = 8, 8, 30
+LOSSES = {
+    "grpo": {},
+    "gspo": {"importance_sampling_level": "sequence", "clip_low": 3e-4, "clip_high": 4e-4,
+             "aggregation": "seq-mean-token-mean"},
+    "cispo-mismatch": {"surrogate": "cispo", "mismatch_correction": "token_truncate"},
+}
 
 
 def target_chance(model: CausalLM, prompts: torch.Tensor, target: int) -> float:
@@ -23,7 +31,8 @@ def target_chance(model: CausalLM, prompts: torch.Tensor, target: int) -> float:
 
 @pytest.mark.learning
 @pytest.mark.timeout(600)
-def test_grpo_learns_to_start_with_the_rewarded_token():
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_grpo_learns_to_start_with_the_rewarded_token(loss):
     prompts = torch.randint(2, 64, (NUM_PROMPTS, 4), generator=torch.Generator().manual_seed(0))
     # A larger init scale gives a peaked distribution, so some token has a chance of 5-20%.
     policy = build_tiny_model(init_std=0.3)
@@ -36,7 +45,8 @@ def test_grpo_learns_to_start_with_the_rewarded_token():
 
     learner = GRPOLearner(
         policy,
-        LearnerConfig(lr=1e-2, mini_batch_size=32, micro_batch_tokens=64, max_response_len=4, max_seq_len=16, device="cpu"),
+        LearnerConfig(lr=1e-2, mini_batch_size=32, micro_batch_tokens=64, max_response_len=4, max_seq_len=16, device="cpu",
+                      loss=LOSSES[loss]),
     )
     rollout_model = CausalLM(policy.config)
     params = dict(temperature=1.0, max_new_tokens=3, n=GROUP_SIZE)
@@ -55,6 +65,7 @@ def test_grpo_learns_to_start_with_the_rewarded_token():
             rewards,
             group_size=GROUP_SIZE,
             truncated=[reason == "length" for reason in out.finish_reasons],
+            sampler_logprobs=out.logprobs,
         )
         metrics = learner.update(samples)
         assert metrics["train/optimizer_steps"] == 2

@@ -35,10 +35,12 @@ def test_padded_batch_matches_each_sequence_alone(temperature):
         torch.testing.assert_close(out.logprobs[row, : len(r)].double(), expected, atol=1e-5, rtol=0)
         assert (out.logprobs[row, len(r) :] == 0).all()
         all_logits.append(logits)
-    # The entropy is the token-mean over all response positions of all rows.
-    flat = torch.cat(all_logits)[None]
-    expected_entropy = entropy_from_logits(flat, torch.ones(flat.shape[:2], dtype=torch.bool))
-    torch.testing.assert_close(out.entropy.double(), expected_entropy.double(), atol=1e-5, rtol=0)
+    # The entropy is per response position, 0 beyond each response.
+    assert out.entropy.shape == (3, 5) and (out.entropy[~out.mask] == 0).all()
+    for row, logits in enumerate(all_logits):
+        for t in range(logits.shape[0]):
+            expected_entropy = entropy_from_logits(logits[None, t : t + 1], torch.ones(1, 1, dtype=torch.bool))
+            torch.testing.assert_close(out.entropy[row, t].double(), expected_entropy.double(), atol=1e-5, rtol=0)
 
 
 def test_gradient_reaches_the_weights_and_bf16_is_reduced_in_float32():

@@ -37,8 +37,9 @@ def oracle_first_step(samples: GRPOSamples, loss_cfg: PolicyLossConfig):
     """Plain autograd on the whole batch, then the first AdamW step written out by hand."""
     model = build_tiny_model()
     mb = pad_samples(samples, list(range(len(samples))), samples.old_logprobs)
-    out = sequence_logprobs(model, mb.input_ids, mb.prompt_lens, mb.response_lens)
-    loss, _ = policy_loss(out.logprobs, mb.old_logprobs, mb.advantages, out.mask, loss_cfg, truncated=mb.truncated)
+    out = sequence_logprobs(model, mb.input_ids, mb.prompt_lens, mb.response_lens, with_entropy=True)
+    loss, _ = policy_loss(out.logprobs, mb.old_logprobs, mb.advantages, out.mask, loss_cfg, truncated=mb.truncated,
+                          logp_sampler=mb.sampler_logprobs, entropy=out.entropy)
     loss.backward()
     grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
     with torch.no_grad():
@@ -82,6 +83,58 @@ def test_micro_batches_accumulate_to_the_full_batch_step(zero_stage, budget, agg
         torch.testing.assert_close(weights[name] - initial[name], want - initial[name], rtol=1e-4, atol=1e-8)
         largest_move = max(largest_move, float((want - initial[name]).abs().max()))
     assert largest_move > 1e-4
+
+
+@pytest.mark.parametrize(
+    "budget, loss_fields, metric",
+    [
+        (SMALL_BUDGET, {"importance_sampling_level": "sequence", "clip_low": 0.02, "clip_high": 0.02}, "train/clip_frac_low"),
+        (SMALL_BUDGET, {"surrogate": "cispo", "cispo_weight_max": 1.2}, "train/cispo_clip_frac"),
+        (SMALL_BUDGET, {"mismatch_correction": "token_truncate", "mismatch_weight_max": 1.5}, "train/is_clipped_frac"),
+        (SMALL_BUDGET, {"mismatch_correction": "sequence_mask", "mismatch_weight_max": 2.0}, "train/is_weight_mean"),
+        # The entropy selection is made within each micro-batch: one here, as in the oracle.
+        (10_000, {"top_entropy_quantile": 0.3}, "train/entropy_mask_frac"),
+    ],
+)
+def test_loss_variants_step_equals_the_whole_batch_oracle(budget, loss_fields, metric):
+    samples = with_old_logprobs(random_samples(), noise=0.3)
+    gen = torch.Generator().manual_seed(2)
+    samples.sampler_logprobs = [old + 0.5 * torch.randn(old.shape, generator=gen) for old in samples.old_logprobs]
+    loss_cfg = PolicyLossConfig(**loss_fields)
+    expected_loss, expected_norm, expected = oracle_first_step(samples, loss_cfg)
+    metrics = learner_for(0, micro_batch_tokens=budget, loss=loss_cfg).update(samples)
+    assert metrics["train/loss"] == pytest.approx(expected_loss, rel=1e-5)
+    assert metrics["train/grad_norm"] == pytest.approx(expected_norm, rel=1e-4)
+    assert 0 < metrics[metric] < 5
+    check_metric_name(metric)
+
+
+def test_mismatch_correction_needs_the_rollouts_sampling_logprobs():
+    learner = learner_for(0, loss={"mismatch_correction": "token_mask"})
+    base = random_samples(n=4)
+    with pytest.raises(ValueError, match="sampler_logprobs"):
+        learner.build_samples(base.prompt_ids, base.response_ids, [1.0, 0.0, 1.0, 0.0], group_size=2)
+    with pytest.raises(ValueError, match="sampler_logprobs"):
+        learner.update(base)
+    sampled = [[-1.0] * len(r) for r in base.response_ids]
+    samples = learner.build_samples(base.prompt_ids, base.response_ids, [1.0, 0.0, 1.0, 0.0], group_size=2,
+                                    sampler_logprobs=sampled)
+    assert [s.tolist() for s in samples.sampler_logprobs] == sampled
+    # Without the correction the sampling log-probs are not kept.
+    plain = learner_for(0).build_samples(base.prompt_ids, base.response_ids, [1.0, 0.0, 1.0, 0.0], group_size=2,
+                                         sampler_logprobs=sampled)
+    assert plain.sampler_logprobs is None
+
+
+def test_soft_overlong_penalty_shapes_the_advantages():
+    # Responses of 4 and 8 tokens with equal task rewards; L_max = 8, L_cache = 4: penalties 0 and -1,
+    # so the short one gets the positive advantage (sample std of [0, -1] is 0.7071).
+    learner = learner_for(0, overlong_max_len=8, overlong_buffer_len=4)
+    samples = learner.build_samples([[1], [1]], [[5] * 4, [5] * 8], [1.0, 1.0], group_size=2)
+    torch.testing.assert_close(samples.advantages, torch.tensor([0.7071, -0.7071]), atol=1e-4, rtol=0)
+    assert learner.update(samples)["train/overlong_penalty_mean"] == -0.5
+    with pytest.raises(ValueError, match="overlong_max_len"):
+        LearnerConfig(overlong_buffer_len=4)
 
 
 @pytest.mark.parametrize("zero_stage, dtype", [(0, "float32"), (2, "float32"), (2, "bfloat16")])

@@ -162,7 +162,8 @@ def gated_engine(**spec) -> RolloutEngine:
 def test_a_sync_free_decoder_profiles_whole_tree_steps_and_gates_its_trees(profile_cache):
     engine = gated_engine()
     decoder = engine.decoder
-    assert decoder.profile.tree_form == tree_form(decoder.heads, decoder.cfg) and decoder.gate is not None
+    assert decoder.profile.tree_form == tree_form(decoder.heads, decoder.depth, decoder.cfg)
+    assert decoder.gate is not None
     assert decoder.profile.nodes == [1, 2, 4, 8]  # no cell beyond the largest tree (max_nodes 8)
     # Untrained heads: trees emit about a token per row. Where they cost twice a plain step the gate closes.
     decoder.profile, decoder.capacity = table_profile(plain_ms=10, tree_ms=20), 64

@@ -66,7 +66,7 @@ def test_a_row_without_emissions_keeps_its_tree_and_rows_are_kept_by_id():
 
 def test_would_be_scores_teach_the_cost_model():
     prof = HardwareProfile("m", "cpu", "float32", 16, [1, 4], [1, 2, 4, 8], [[1.0, 1.1, 1.2, 1.4]] * 2)
-    model = CostModel(prof, num_heads=3, min_nodes=1, max_nodes=8, min_gain=0.0)
+    model = CostModel(prof, depth=3, min_nodes=1, max_nodes=8, min_gain=0.0)
     model.note_would_be(torch.tensor([1.0, 1.05, 1.1, 1.1, 1.15]))
     assert model.expected_per_row.tolist() == pytest.approx([1.0, 1.05, 1.1, 1.1, 1.15, 1.15, 1.15, 1.15])
     assert model.best_budget(model.expected_per_row, 1) == 1  # no tree's tokens outgrow its time: plain

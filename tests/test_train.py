@@ -299,3 +299,23 @@ def test_a_speculative_run_samples_the_vanilla_runs_responses_and_learns_the_sam
     assert (tmp_path / "curves.png").stat().st_size > 0
     rows = {mode: read_jsonl(Path(run_dir) / "metrics.jsonl") for mode, run_dir in runs.items()}
     assert [r["train/loss"] for r in rows["speculation"]] == [r["train/loss"] for r in rows["vanilla"]]
+
+
+def test_the_loss_variants_leave_sampling_exact(ray_cluster, tmp_path):
+    """The loss variants change updates only: with all of them on (CISPO on GSPO's sequence ratios,
+    the mismatch correction, entropy-selected tokens, the soft overlong penalty), a speculative run and
+    its rollout=vanilla twin still sample the same responses, so they train alike."""
+    common = ["logger.rollouts=true", "checkpoint_every=0", "total_steps=2", "learner/loss=cispo",
+              "learner.loss.importance_sampling_level=sequence", "learner.loss.mismatch_correction=token_truncate",
+              "learner.loss.top_entropy_quantile=0.5", "learner.overlong_max_len=16", "learner.overlong_buffer_len=8"]
+    runs, rows = {}, {}
+    for mode in ("speculation", "vanilla"):
+        cfg = config(tmp_path / mode, [f"rollout={mode}", *common])
+        rows[mode] = read_jsonl(run_training(cfg).metrics_file)
+        runs[mode] = cfg.run_dir
+    out = compare_main([runs["speculation"], runs["vanilla"]])
+    assert out["responses"] > 0 and out["identical"] == out["responses"] and out["first_difference_step"] is None
+    for name in (m.CISPO_CLIP_FRAC, m.IS_WEIGHT_MEAN, m.IS_CLIPPED_FRAC, m.ENTROPY_MASK_FRAC, m.OVERLONG_PENALTY_MEAN):
+        assert all(name in r for r in rows["speculation"]), name
+    assert all(0.5 <= r[m.ENTROPY_MASK_FRAC] < 1 and r[m.IS_WEIGHT_MEAN] > 0 for r in rows["speculation"])
+    assert [r[m.LOSS] for r in rows["speculation"]] == [r[m.LOSS] for r in rows["vanilla"]]

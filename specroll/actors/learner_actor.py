@@ -85,13 +85,16 @@ class LearnerActor(SeesRunDir):
 
         The old log-probs are the learner's own, not the rollout engine's sampling log-probs
         (another replica and dtype, prepacked kernels): the ratio must compare like with like.
+        The sampling log-probs serve `loss.mismatch_correction` only, which weights the loss by
+        how far they are from the learner's.
         With one epoch of one mini-batch the update takes them from its own forward, and the
         separate pass (0 s) is skipped.
         """
         use_threads(self.threads)
         learner = self.learner
         samples = learner.build_samples(rollouts.prompt_ids_per_response(), rollouts.response_ids, rollouts.rewards,
-                                        rollouts.group_size, truncated=rollouts.truncated())
+                                        rollouts.group_size, truncated=rollouts.truncated(),
+                                        sampler_logprobs=rollouts.logprobs)
         started = time.perf_counter()
         if not learner.old_logprobs_from_update(len(samples)):
             samples.old_logprobs = learner.compute_logprobs(samples)

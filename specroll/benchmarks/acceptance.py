@@ -160,7 +160,7 @@ def measure_setting(model, tokenizer, heads: HorizonHeads, prompts, base: Specul
             if epoch not in reference:
                 reference[epoch] = out.token_ids
                 probabilities = response_probabilities(model, prompts, out.token_ids, params)
-                oracle.add(*oracle_passes(probabilities, [budget], heads.num_heads))
+                oracle.add(*oracle_passes(probabilities, [budget], engine.decoder.depth))
             same += sum(a == b for a, b in zip(out.token_ids, reference[epoch]))
             responses.append(out.token_ids)
         row = {"source": name, "overrides": overrides, "tokens_per_pass": tally.per_pass,

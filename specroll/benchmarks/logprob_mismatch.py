@@ -4,7 +4,10 @@ Rollouts report the log-prob of each token under the distribution it was sampled
 learner recomputes it with a full-sequence forward (`sequence_logprobs`). Equal weights in
 exact arithmetic give equal numbers; in bf16 they differ, and that mismatch is what
 `train/approx_kl` sees at the first update of a step (the k3 estimate of KL(sampler ||
-learner), token mean). This measures it for rollout / learner dtype pairs on the same weights.
+learner), token mean). This measures it for rollout / learner dtype pairs on the same weights,
+and what `learner.loss.mismatch_correction` would make of it at the default bound 3: the share of
+tokens (token modes) and of responses (sequence modes) whose weight pi_learner / pi_sampler falls
+outside [1/3, 3], and the range of the per-response weight.
 
     python -m specroll.benchmarks.logprob_mismatch --prompts 8 --n 4 --max-new-tokens 64 --json out.json
 """
@@ -17,13 +20,14 @@ from pathlib import Path
 
 import torch
 
-from ..grpo import kl_estimate
+from ..grpo import kl_estimate, mismatch_weights
 from ..learner.logprobs import sequence_logprobs
 from ..models import build_tiny_model, load_causal_lm
 from ..rollout import RolloutEngine, SamplingParams
 from .engine_vs_hf import DEFAULT_GSM8K, load_prompts
 
 PAIRS = (("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16"))  # (rollout, learner)
+WEIGHT_BOUND = 3.0  # the default `mismatch_weight_max`; 1 / it as the lower bound
 
 
 @torch.no_grad()
@@ -44,8 +48,15 @@ def mismatch(model_fp32, prompts: list[list[int]], params: SamplingParams, rollo
     mask = learned.mask
     k3 = kl_estimate(sampled, learned.logprobs, "k3")[mask]
     diff = (learned.logprobs - sampled)[mask].abs()
+    bounds = (1 / WEIGHT_BOUND, WEIGHT_BOUND)
+    _, token_outside = mismatch_weights(learned.logprobs, sampled, mask, "token_mask", *bounds)
+    sequence, _ = mismatch_weights(learned.logprobs, sampled, mask, "sequence_mask", None, None)
+    _, sequence_outside = mismatch_weights(learned.logprobs, sampled, mask, "sequence_mask", *bounds)
     return {"rollout": rollout, "learner": learner, "tokens": int(mask.sum()), "approx_kl": float(k3.mean()),
-            "mean_abs_logprob_diff": float(diff.mean()), "max_abs_logprob_diff": float(diff.max())}
+            "mean_abs_logprob_diff": float(diff.mean()), "max_abs_logprob_diff": float(diff.max()),
+            "token_weight_outside_frac": float(token_outside[mask].float().mean()),
+            "sequence_weight_outside_frac": float(sequence_outside[:, 0].float().mean()),
+            "sequence_weight_min": float(sequence[:, 0].min()), "sequence_weight_max": float(sequence[:, 0].max())}
 
 
 def copy_as(model, dtype: str):
@@ -70,10 +81,13 @@ def main(argv=None) -> dict:
     params = SamplingParams(max_new_tokens=args.max_new_tokens, n=args.n, seed=args.seed)
     rows = [mismatch(model, prompts, params, rollout, learner) for rollout, learner in PAIRS]
     print(f"{args.policy}: {args.prompts} prompts x {args.n} responses x <= {args.max_new_tokens} tokens, T=1")
-    print(f"{'rollout':>9} {'learner':>9} {'tokens':>7} {'approx_kl (k3)':>15} {'mean |dlogp|':>13} {'max |dlogp|':>12}")
+    print(f"{'rollout':>9} {'learner':>9} {'tokens':>7} {'approx_kl (k3)':>15} {'mean |dlogp|':>13} {'max |dlogp|':>12}"
+          f" {'tok w out':>10} {'seq w out':>10} {'seq w range':>17}")
     for r in rows:
         print(f"{r['rollout']:>9} {r['learner']:>9} {r['tokens']:>7} {r['approx_kl']:>15.2e} "
-              f"{r['mean_abs_logprob_diff']:>13.2e} {r['max_abs_logprob_diff']:>12.2e}")
+              f"{r['mean_abs_logprob_diff']:>13.2e} {r['max_abs_logprob_diff']:>12.2e}"
+              f" {r['token_weight_outside_frac']:>10.2%} {r['sequence_weight_outside_frac']:>10.2%}"
+              f" {r['sequence_weight_min']:>8.4f}-{r['sequence_weight_max']:<8.4f}")
     result = {"policy": args.policy, "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> dict:
             warm_up_s[mode] = {"plain": plain_ready - started, "spec": time.perf_counter() - plain_ready}
             bar.write(f"{mode} engines ready: plain {warm_up_s[mode]['plain']:.0f} s, "
                       f"speculative {warm_up_s[mode]['spec']:.0f} s (built, compiled, profiled, warmed up)")
-            capacity[mode], max_depth = spec_engine.decoder.capacity, spec_engine.decoder.heads.num_heads
+            capacity[mode], max_depth = spec_engine.decoder.capacity, spec_engine.decoder.depth
         prompts = prompts_all[:num_prompts]
         plain_t, spec_t, plain_tok, spec_tok = 0.0, 0.0, 0, 0
         plain_prefill, spec_prefill = 0.0, 0.0  # kept apart for the ratio of decoding alone

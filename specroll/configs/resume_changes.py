@@ -48,6 +48,7 @@ RULES: dict[str, str] = {
     **kind(CHANGES_RUN, "rollout", "mode temperature top_p top_k max_new_tokens n"),
     **kind(SAFE, "rollout", "compile sync_every"),
     **kind(FIXED, "rollout.speculation", "num_heads head_type"),  # the shape of the checkpoint's heads.pt
+    **kind(SAFE, "rollout.speculation", "max_depth"),  # how deep trees draft: speed, never what is sampled
     **kind(SAFE, "rollout.speculation", "heads_path budget fixed_nodes would_be_every min_nodes max_nodes min_gain "
                                         "capacity sync_free_trees max_children max_frontier calibration_momentum "
                                         "context_lookup lookup_ngram head_drafts sibling_lookup history_lookup "
@@ -71,11 +72,14 @@ RULES: dict[str, str] = {
     **kind(FIXED, "learner", "zero_stage dtype"),  # the layout of the saved optimizer state
     **kind(CHANGES_RUN, "learner", "lr weight_decay betas adam_eps warmup_steps lr_schedule min_lr_ratio total_steps "
                                    "grad_clip ppo_epochs mini_batch_size max_response_len max_seq_len "
-                                   "on_invalid_reward scale_advantages_by_std temperature use_reference seed"),
+                                   "on_invalid_reward scale_advantages_by_std overlong_max_len overlong_buffer_len "
+                                   "temperature use_reference seed"),
     # Memory, speed and waits: the same gradient.
     **kind(SAFE, "learner", "micro_batch_tokens activation_checkpointing device collective_timeout_s"),
     **kind(CHANGES_RUN, "learner.loss", "clip_low clip_high dual_clip log_ratio_clamp kl_coef kl_estimator "
-                                        "aggregation mask_truncated"),
+                                        "aggregation mask_truncated importance_sampling_level surrogate "
+                                        "cispo_weight_max mismatch_correction mismatch_weight_max "
+                                        "mismatch_weight_min top_entropy_quantile"),
     **kind(FIXED, "cluster", "learner_world_size"),  # one saved state per learner rank
     **kind(CHANGES_RUN, "cluster", "overlap"),  # one step off-policy or not
     **kind(SAFE, "cluster", "num_rollout_actors cpus_per_rollout_actor gpus_per_rollout_actor cpus_per_learner "

@@ -35,3 +35,20 @@ def entropy_from_logits(logits: Tensor, mask: Tensor) -> Tensor:
     finite_logits = torch.where(probs > 0, logits, torch.zeros_like(logits))
     per_token = torch.logsumexp(logits, dim=-1) - (probs * finite_logits).sum(dim=-1)
     return aggregate(per_token, mask, "token-mean")
+
+
+def high_entropy_mask(entropy: Tensor, valid: Tensor, quantile: float) -> Tensor:
+    """``[B, T]`` bool: the valid tokens whose entropy is in the top ``quantile`` of the valid ones.
+
+    The threshold is ``torch.quantile`` of the valid entropies at ``1 - quantile`` and ties at it
+    are kept, so ``quantile=1`` keeps every valid token and ``0`` the highest-entropy one(s)
+    ("Beyond the 80/20 Rule", TRL ``top_entropy_quantile``). No valid token: all False.
+    """
+    if entropy.shape != valid.shape or entropy.dim() != 2:
+        raise ValueError(f"entropy {tuple(entropy.shape)} and valid {tuple(valid.shape)} must both be [B, T]")
+    valid = valid.bool()
+    values = entropy.detach().float()[valid]
+    if values.numel() == 0:
+        return torch.zeros_like(valid)
+    threshold = torch.quantile(values, 1.0 - quantile)
+    return (entropy.detach().float() >= threshold) & valid

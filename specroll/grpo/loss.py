@@ -1,24 +1,39 @@
-"""The GRPO policy loss: clipped surrogate with clip-higher, optional dual clip and KL penalty.
+"""The GRPO policy loss: clipped surrogate with clip-higher, optional dual clip and KL penalty,
+and the variants GSPO, CISPO, mismatch correction and entropy-selected tokens.
 
-Per valid token, with ``ratio = exp(logp_new - logp_old)`` and the sequence's advantage ``A``:
+Per valid token, with the importance ratio ``ratio`` and the sequence's advantage ``A``:
 
-    pg = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
+    pg = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)    surrogate "clipped"
     pg = min(pg, -dual_clip * A)              if dual_clip and A < 0
+    pg = -sg(min(ratio, cispo_weight_max)) * A * logp_new                  surrogate "cispo"
+    pg = pg * [entropy in the top top_entropy_quantile]                    entropy-selected tokens
+    pg = pg * w                               w: mismatch_weights (rollout-learner correction)
     loss_token = pg + kl_coef * kl(logp_new, logp_ref)
 
-then reduced to a scalar by ``aggregate``.
+then reduced to a scalar by ``aggregate``. ``ratio`` is ``exp(logp_new - logp_old)`` per token
+("token") or ``exp(mean_t(logp_new - logp_old))`` per sequence ("sequence", GSPO). GSPO-token
+is not a separate level: with one advantage per response its loss and gradient are GSPO's.
+The order of the factors is TRL's ``GRPOTrainer._compute_loss``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 from specroll.grpo.aggregation import AGGREGATION_MODES, Aggregation, aggregate
+from specroll.grpo.entropy import high_entropy_mask
 from specroll.grpo.kl import KL_ESTIMATORS, KLEstimator, kl_estimate
+from specroll.grpo.mismatch import MISMATCH_MODES, MismatchMode, mismatch_weights
+
+ImportanceLevel = Literal["token", "sequence"]
+IMPORTANCE_LEVELS: tuple[str, ...] = ("token", "sequence")
+Surrogate = Literal["clipped", "cispo"]
+SURROGATES: tuple[str, ...] = ("clipped", "cispo")
 
 
 @dataclass
@@ -54,6 +69,35 @@ class PolicyLossConfig:
     """If true, responses that hit the length cap contribute no loss: their missing ending
     makes their reward say little about the tokens they contain (DAPO overlong filtering)."""
 
+    importance_sampling_level: ImportanceLevel = "token"
+    """Where the ratio lives: "token" (PPO/GRPO) or "sequence" (GSPO: one ratio per response,
+    the geometric mean of its token ratios, clipped as a whole)."""
+
+    surrogate: Surrogate = "clipped"
+    """"clipped": PPO's clipped surrogate. "cispo": CISPO (MiniMax-M1), ``-sg(min(ratio,
+    cispo_weight_max)) * A * logp_new``: the weight is capped instead of the token dropped, so
+    every token keeps its gradient. Needs aggregation "token-mean" and no dual_clip."""
+
+    cispo_weight_max: float = 5.0
+    """CISPO's cap on the importance weight (TRL ``epsilon_high`` with ``loss_type="cispo"``,
+    ScaleRL's epsilon_max); > 1. Unused by the clipped surrogate."""
+
+    mismatch_correction: MismatchMode | None = None
+    """Rollout-learner mismatch correction: "token_truncate", "token_mask",
+    "sequence_truncate" or "sequence_mask" (see ``grpo.mismatch``); None: off. Needs the
+    sampler's log-probs of the tokens besides the learner's own."""
+
+    mismatch_weight_max: float | None = 3.0
+    """Upper bound of the mismatch weight (TRL ``vllm_importance_sampling_clip_max``); None: none."""
+
+    mismatch_weight_min: float | None = None
+    """Lower bound of the mismatch weight (TRL ``vllm_importance_sampling_clip_min``); None: none."""
+
+    top_entropy_quantile: float = 1.0
+    """The policy gradient acts only on the tokens whose entropy is in this top quantile of the
+    micro-batch's valid tokens, in [0, 1] (0.2 in "Beyond the 80/20 Rule"); 1 keeps all. The KL
+    penalty still covers every token."""
+
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field."""
         if not 0.0 <= self.clip_low < 1.0:
@@ -78,6 +122,47 @@ class PolicyLossConfig:
             )
         if not isinstance(self.mask_truncated, bool):
             raise ValueError(f"mask_truncated must be a bool, got {self.mask_truncated!r}")
+        self.validate_variants()
+
+    def validate_variants(self) -> None:
+        """GSPO, CISPO, the mismatch correction and entropy-selected tokens, and how they combine."""
+        if self.importance_sampling_level not in IMPORTANCE_LEVELS:
+            raise ValueError(
+                f"importance_sampling_level must be one of {IMPORTANCE_LEVELS}, "
+                f"got {self.importance_sampling_level!r}"
+            )
+        if self.surrogate not in SURROGATES:
+            raise ValueError(f"surrogate must be one of {SURROGATES}, got {self.surrogate!r}")
+        if not (self.cispo_weight_max > 1.0 and math.isfinite(self.cispo_weight_max)):
+            raise ValueError(f"cispo_weight_max must be finite and > 1, got {self.cispo_weight_max}")
+        if self.surrogate == "cispo" and self.aggregation != "token-mean":
+            raise ValueError(
+                f"surrogate 'cispo' needs aggregation 'token-mean' (CISPO normalises by tokens, as in "
+                f"TRL), got {self.aggregation!r}"
+            )
+        if self.surrogate == "cispo" and self.dual_clip is not None:
+            raise ValueError("dual_clip caps the clipped surrogate; surrogate 'cispo' caps its weight "
+                             "with cispo_weight_max instead: set dual_clip to None")
+        if self.mismatch_correction is not None and self.mismatch_correction not in MISMATCH_MODES:
+            raise ValueError(
+                f"mismatch_correction must be None or one of {MISMATCH_MODES}, "
+                f"got {self.mismatch_correction!r}"
+            )
+        for name in ("mismatch_weight_max", "mismatch_weight_min"):
+            value = getattr(self, name)
+            if value is not None and not (value >= 0.0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be None or a finite number >= 0, got {value}")
+        low, high = self.mismatch_weight_min, self.mismatch_weight_max
+        if low is not None and high is not None and low >= high:
+            raise ValueError(f"mismatch_weight_min ({low}) must be < mismatch_weight_max ({high})")
+        if (self.mismatch_correction or "").endswith("truncate") and low is None and high is None:
+            raise ValueError(
+                f"mismatch_correction {self.mismatch_correction!r} needs mismatch_weight_max or "
+                "mismatch_weight_min: an unbounded weight truncates nothing"
+            )
+        if not (isinstance(self.top_entropy_quantile, (int, float))
+                and 0.0 <= self.top_entropy_quantile <= 1.0):
+            raise ValueError(f"top_entropy_quantile must be in [0, 1], got {self.top_entropy_quantile!r}")
 
 
 def valid_token_mask(
@@ -93,6 +178,17 @@ def valid_token_mask(
     if truncated.shape != valid.shape[:1]:
         raise ValueError(f"truncated {tuple(truncated.shape)} must be [B={valid.shape[0]}]")
     return valid & ~truncated.bool()[:, None]
+
+
+def importance_log_ratio(token_log_ratio: Tensor, valid: Tensor, level: ImportanceLevel) -> Tensor:
+    """``[B, T]`` log importance ratio at ``level`` from the per-token ``logp_new - logp_old``:
+    itself ("token"), or the mean over the sequence's valid tokens on each of them, so the
+    sequence is clipped as a whole ("sequence", GSPO)."""
+    if level == "token":
+        return token_log_ratio
+    counts = valid.sum(dim=-1, keepdim=True).clamp_min(1)
+    masked = torch.where(valid, token_log_ratio, torch.zeros_like(token_log_ratio))
+    return (masked.sum(dim=-1, keepdim=True) / counts).expand_as(token_log_ratio)
 
 
 def _advantage_stats(advantages: Tensor, valid: Tensor) -> dict[str, Tensor]:
@@ -117,6 +213,8 @@ def policy_loss(
     logp_ref: Tensor | None = None,
     truncated: Tensor | None = None,
     normalizer: float | None = None,
+    logp_sampler: Tensor | None = None,
+    entropy: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO loss for a (micro-)batch of responses; gradient flows into ``logp_new`` only.
 
@@ -136,6 +234,10 @@ def policy_loss(
             non-empty sequences for the seq-mean modes), because DeepSpeed gradient
             accumulation sums micro-batch gradients; the micro-batch losses then add up to the
             full mini-batch loss. None: this batch is the whole mini-batch.
+        logp_sampler: ``[B, T]`` log-probs under the distribution the tokens were sampled from;
+            required if ``cfg.mismatch_correction`` (``logp_old`` is then the learner's own).
+        entropy: ``[B, T]`` the policy's per-token entropy; required if
+            ``cfg.top_entropy_quantile < 1``. The selection is made within this batch.
 
     Returns:
         ``(loss, metrics)``; metrics are detached 0-dim tensors. ``loss`` and ``pg_loss`` are
@@ -148,7 +250,11 @@ def policy_loss(
         - ``approx_kl``: k3 estimate of KL(pi_old || pi_new), ``ratio - 1 - log(ratio)``,
           unbiased because the tokens were sampled from pi_old;
         - ``kl_ref`` (only with ``logp_ref``): mean of the ``cfg.kl_estimator`` penalty term;
-        - ``advantage_mean/std/min/max``: over responses with at least one valid token.
+        - ``advantage_mean/std/min/max``: over responses with at least one valid token;
+        - ``cispo_clip_frac`` (only with CISPO): the weight is capped at ``cispo_weight_max``;
+        - ``is_weight_mean``, ``is_clipped_frac`` (only with ``mismatch_correction``): the
+          mismatch weight, and the share of tokens whose weight was truncated or masked;
+        - ``entropy_mask_frac`` (only with ``top_entropy_quantile < 1``): tokens selected.
     """
     cfg.validate()
     if logp_new.dim() != 2 or logp_old.shape != logp_new.shape or mask.shape != logp_new.shape:
@@ -162,6 +268,13 @@ def policy_loss(
         raise ValueError(f"logp_ref {tuple(logp_ref.shape)} must match logp_new [B, T]")
     if cfg.kl_coef > 0 and logp_ref is None:
         raise ValueError("kl_coef > 0 needs logp_ref")
+    if cfg.mismatch_correction is not None and logp_sampler is None:
+        raise ValueError("mismatch_correction needs logp_sampler, the sampler's log-probs")
+    if cfg.top_entropy_quantile < 1.0 and entropy is None:
+        raise ValueError("top_entropy_quantile < 1 needs the per-token entropy")
+    for name, extra in (("logp_sampler", logp_sampler), ("entropy", entropy)):
+        if extra is not None and extra.shape != logp_new.shape:
+            raise ValueError(f"{name} {tuple(extra.shape)} must match logp_new [B, T]")
 
     valid = valid_token_mask(mask, truncated, cfg.mask_truncated)
     dtype = torch.promote_types(logp_new.dtype, torch.float32)
@@ -175,16 +288,32 @@ def policy_loss(
     old = prepared(logp_old.detach())
     adv = advantages.detach().to(dtype)[:, None]
 
-    log_ratio = (new - old).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
+    token_log_ratio = (new - old).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
+    log_ratio = importance_log_ratio(token_log_ratio, valid, cfg.importance_sampling_level)
     ratio = torch.exp(log_ratio)
-    clipped_ratio = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-    pg = -torch.minimum(ratio * adv, clipped_ratio * adv)
     negative = adv < 0
-    if cfg.dual_clip is not None:
-        pg = torch.where(negative, torch.minimum(pg, -cfg.dual_clip * adv), pg)
+    metrics: dict[str, Tensor] = {}
+    if cfg.surrogate == "cispo":
+        pg = -ratio.clamp(max=cfg.cispo_weight_max).detach() * adv * new
+    else:
+        clipped_ratio = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+        pg = -torch.minimum(ratio * adv, clipped_ratio * adv)
+        if cfg.dual_clip is not None:
+            pg = torch.where(negative, torch.minimum(pg, -cfg.dual_clip * adv), pg)
+    if cfg.top_entropy_quantile < 1.0:
+        selected = high_entropy_mask(entropy, valid, cfg.top_entropy_quantile)
+        pg = pg * selected
+        metrics["entropy_mask_frac"] = aggregate(selected.to(dtype), valid, "token-mean")
+    if cfg.mismatch_correction is not None:
+        weights, outside = mismatch_weights(
+            old, prepared(logp_sampler), valid, cfg.mismatch_correction,
+            cfg.mismatch_weight_min, cfg.mismatch_weight_max,
+        )
+        pg = pg * weights
+        metrics["is_weight_mean"] = aggregate(weights, valid, "token-mean")
+        metrics["is_clipped_frac"] = aggregate(outside.to(dtype), valid, "token-mean")
     per_token = pg
 
-    metrics: dict[str, Tensor] = {}
     if logp_ref is not None:
         kl = kl_estimate(
             new, prepared(logp_ref.detach()), cfg.kl_estimator, cfg.log_ratio_clamp
@@ -201,8 +330,11 @@ def policy_loss(
     with torch.no_grad():
         metrics["loss"] = loss.detach()
         metrics["pg_loss"] = aggregate(pg, valid, cfg.aggregation, normalizer)
-        metrics["clip_frac_low"] = token_frac((ratio < 1.0 - cfg.clip_low) & negative)
-        metrics["clip_frac_high"] = token_frac((ratio > 1.0 + cfg.clip_high) & (adv > 0))
+        if cfg.surrogate == "cispo":
+            metrics["cispo_clip_frac"] = token_frac(ratio > cfg.cispo_weight_max)
+        else:
+            metrics["clip_frac_low"] = token_frac((ratio < 1.0 - cfg.clip_low) & negative)
+            metrics["clip_frac_high"] = token_frac((ratio > 1.0 + cfg.clip_high) & (adv > 0))
         if cfg.dual_clip is not None:
             metrics["dual_clip_frac"] = token_frac((ratio > cfg.dual_clip) & negative)
         approx_kl = kl_estimate(old, new, "k3", cfg.log_ratio_clamp)

@@ -30,6 +30,7 @@ class GRPOSamples:
     old_logprobs: list[torch.Tensor] | None = None  # per response [len_i]; None: the learner computes them
     zero_std_groups: torch.Tensor | None = None  # [G] bool from group_advantages, for metrics
     num_skipped: int = 0  # responses dropped for a non-finite reward
+    sampler_logprobs: list[torch.Tensor] | None = None  # per response [len_i], as sampled (mismatch correction)
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -45,6 +46,7 @@ class GRPOSamples:
         old_logprobs: list[torch.Tensor] | None = None,
         scale_by_std: bool = True,
         on_invalid: str = "error",
+        sampler_logprobs: list[torch.Tensor] | list[list[float]] | None = None,
     ) -> "GRPOSamples":
         """Group-relative advantages from rewards; `prompt_ids` holds one entry per response.
 
@@ -72,6 +74,8 @@ class GRPOSamples:
             old_logprobs=None if old_logprobs is None else [torch.as_tensor(old_logprobs[i]) for i in kept],
             zero_std_groups=zero_std,
             num_skipped=num_skipped,
+            sampler_logprobs=None if sampler_logprobs is None else [
+                torch.as_tensor(sampler_logprobs[i], dtype=torch.float32) for i in kept],
         )
 
     def validate(self, max_response_len: int, max_seq_len: int, vocab_size: int) -> None:
@@ -88,8 +92,10 @@ class GRPOSamples:
             raise ValueError(f"sample {bad}: advantage is {self.advantages[bad].item()}; advantages must be finite")
         if self.truncated is not None and self.truncated.shape != (n,):
             raise ValueError(f"truncated must be [N={n}], got {tuple(self.truncated.shape)}")
-        if self.old_logprobs is not None and len(self.old_logprobs) != n:
-            raise ValueError(f"old_logprobs has {len(self.old_logprobs)} entries for {n} responses")
+        for name in ("old_logprobs", "sampler_logprobs"):
+            per_response = getattr(self, name)
+            if per_response is not None and len(per_response) != n:
+                raise ValueError(f"{name} has {len(per_response)} entries for {n} responses")
         for i, (prompt, response) in enumerate(zip(self.prompt_ids, self.response_ids)):
             if not prompt:
                 raise ValueError(f"sample {i}: empty prompt")
@@ -106,11 +112,12 @@ class GRPOSamples:
                 )
             if min(min(prompt), min(response)) < 0 or max(max(prompt), max(response)) >= vocab_size:
                 raise ValueError(f"sample {i}: token ids outside the vocabulary [0, {vocab_size})")
-            if self.old_logprobs is not None and self.old_logprobs[i].shape != (len(response),):
-                raise ValueError(
-                    f"sample {i}: old_logprobs has shape {tuple(self.old_logprobs[i].shape)}, "
-                    f"expected ({len(response)},)"
-                )
+            for name in ("old_logprobs", "sampler_logprobs"):
+                per_response = getattr(self, name)
+                if per_response is not None and per_response[i].shape != (len(response),):
+                    raise ValueError(
+                        f"sample {i}: {name} has shape {tuple(per_response[i].shape)}, expected ({len(response)},)"
+                    )
 
     def truncated_flags(self) -> torch.Tensor:
         if self.truncated is None:
@@ -133,6 +140,7 @@ class MicroBatch:
     truncated: torch.Tensor  # [B] bool
     old_logprobs: torch.Tensor | None = None  # [B, R]
     ref_logprobs: torch.Tensor | None = None  # [B, R]
+    sampler_logprobs: torch.Tensor | None = None  # [B, R]
 
     @property
     def response_mask(self) -> torch.Tensor:
@@ -187,6 +195,7 @@ def pad_samples(
         truncated=samples.truncated_flags()[indices],
         old_logprobs=gathered(old_logprobs),
         ref_logprobs=gathered(ref_logprobs),
+        sampler_logprobs=gathered(samples.sampler_logprobs),
     )
 
 

@@ -87,6 +87,14 @@ class LearnerConfig:
     scale_advantages_by_std: bool = True
     """Divide group-centred rewards by the group std (GRPO); False gives Dr.GRPO."""
 
+    overlong_max_len: int | None = None
+    """DAPO's soft overlong punishment: L_max, the response length at which the penalty added to
+    the reward reaches -1 (the rollout's max_new_tokens); None: off (see `grpo.overlong`)."""
+
+    overlong_buffer_len: int = 0
+    """L_cache: the penalty falls linearly from 0 to -1 over the last this-many tokens before
+    `overlong_max_len`; in [1, overlong_max_len] when that is set."""
+
     temperature: float = 1.0
     """Logits are divided by this before the log-softmax, so training log-probs are those of
     the distribution the rollout sampled from (its temperature)."""
@@ -183,6 +191,14 @@ class LearnerConfig:
             )
         if not isinstance(self.scale_advantages_by_std, bool):
             raise ValueError(f"scale_advantages_by_std must be a bool, got {self.scale_advantages_by_std!r}")
+        if self.overlong_max_len is not None:
+            check_int("overlong_max_len", self.overlong_max_len)
+            check_int("overlong_buffer_len", self.overlong_buffer_len)
+            if self.overlong_buffer_len > self.overlong_max_len:
+                raise ValueError(f"overlong_buffer_len ({self.overlong_buffer_len}) must be <= "
+                                 f"overlong_max_len ({self.overlong_max_len})")
+        elif self.overlong_buffer_len != 0:
+            raise ValueError(f"overlong_buffer_len ({self.overlong_buffer_len!r}) needs overlong_max_len set")
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0):
             raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r}")
         if not isinstance(self.use_reference, bool):

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import torch
 
-from specroll.grpo import policy_loss, valid_token_mask
+from specroll.grpo import aggregate, policy_loss, soft_overlong_penalty, valid_token_mask
 from specroll.models import CausalLM, resolve_device
 from specroll.telemetry import metric_names as m
 
@@ -96,7 +96,8 @@ class MetricSums:
     # Per-token means: the loss's key for each, and the metric it becomes.
     PER_TOKEN = {"clip_frac_low": m.CLIP_FRAC_LOW, "clip_frac_high": m.CLIP_FRAC_HIGH,
                  "dual_clip_frac": m.DUAL_CLIP_FRAC, "approx_kl": m.APPROX_KL, "kl_ref": m.KL_REF,
-                 "entropy": m.ENTROPY}
+                 "entropy": m.ENTROPY, "cispo_clip_frac": m.CISPO_CLIP_FRAC, "is_weight_mean": m.IS_WEIGHT_MEAN,
+                 "is_clipped_frac": m.IS_CLIPPED_FRAC, "entropy_mask_frac": m.ENTROPY_MASK_FRAC}
     # A fixed key list: every rank must all-reduce the same vector.
     KEYS = tuple(k for key in PER_TOKEN for k in (key, f"{key}/tokens")) + (
         "loss", "pg_loss", "lr", "grad_norm", "optimizer_steps", "skipped_steps", "real_tokens", "padded_tokens",
@@ -165,8 +166,19 @@ class GRPOLearner:
         group_size: int,
         truncated=None,
         old_logprobs: list[torch.Tensor] | None = None,
+        sampler_logprobs: list[list[float]] | None = None,
     ) -> GRPOSamples:
-        """`GRPOSamples.from_rollouts` with this learner's advantage and invalid-reward settings."""
+        """`GRPOSamples.from_rollouts` with this learner's advantage and invalid-reward settings,
+        the soft overlong penalty added to the rewards where it is on. `sampler_logprobs` (the
+        rollout's, per response) are kept only where the loss corrects the mismatch."""
+        rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
+        if self.cfg.overlong_max_len is not None:
+            lengths = torch.tensor([len(r) for r in response_ids])
+            rewards = rewards + soft_overlong_penalty(lengths, self.cfg.overlong_max_len, self.cfg.overlong_buffer_len)
+        if self.cfg.loss.mismatch_correction is None:
+            sampler_logprobs = None
+        elif sampler_logprobs is None:
+            raise ValueError("loss.mismatch_correction needs the rollout's sampler_logprobs")
         return GRPOSamples.from_rollouts(
             prompt_ids,
             response_ids,
@@ -176,6 +188,7 @@ class GRPOLearner:
             old_logprobs=old_logprobs,
             scale_by_std=self.cfg.scale_advantages_by_std,
             on_invalid=self.cfg.on_invalid_reward,
+            sampler_logprobs=sampler_logprobs,
         )
 
     def check_samples(self, samples: GRPOSamples) -> None:
@@ -222,6 +235,8 @@ class GRPOLearner:
         update's own forward where `old_logprobs_from_update`, else from `compute_logprobs` first.
         """
         self.check_samples(samples)
+        if self.cfg.loss.mismatch_correction is not None and samples.sampler_logprobs is None:
+            raise ValueError("loss.mismatch_correction needs samples.sampler_logprobs, the rollout's log-probs")
         if world_size() > 1:
             most, fewest = max_over_ranks([len(samples), -len(samples)])
             if most != -fewest:
@@ -269,12 +284,14 @@ class GRPOLearner:
                     logp_ref=mb.ref_logprobs,
                     truncated=mb.truncated,
                     normalizer=normalizer,
+                    logp_sampler=mb.sampler_logprobs,
+                    entropy=out.entropy,
                 )
             with phase("backward"):
                 self.engine.backward(loss * (weight * world_size()), scale_wrt_gas=False)
             if weight:
-                tokens = int(valid_token_mask(out.mask, mb.truncated, loss_cfg.mask_truncated).sum())
-                sums.add_micro_batch(metrics, out.entropy, tokens)
+                valid = valid_token_mask(out.mask, mb.truncated, loss_cfg.mask_truncated)
+                sums.add_micro_batch(metrics, aggregate(out.entropy, valid, "token-mean"), int(valid.sum()))
         with phase("optimizer_step"):
             grad_norm = self.unreported_grad_norm()
             sums.add("lr", self.engine.get_lr()[0])
@@ -328,6 +345,10 @@ class GRPOLearner:
         })
         if groups:
             metrics[m.FRAC_ZERO_STD_GROUPS] = zero_std_groups / groups
+        if self.cfg.overlong_max_len is not None:
+            lengths = torch.tensor([len(r) for r in samples.response_ids])
+            penalty = soft_overlong_penalty(lengths, self.cfg.overlong_max_len, self.cfg.overlong_buffer_len)
+            metrics[m.OVERLONG_PENALTY_MEAN] = sum_over_ranks([float(penalty.sum())])[0] / num_seq
         return metrics
 
     @contextlib.contextmanager

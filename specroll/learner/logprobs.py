@@ -5,15 +5,13 @@ from typing import NamedTuple
 
 import torch
 
-from specroll.grpo import aggregate
-
 from .phases import phase
 
 
 class ResponseLogprobs(NamedTuple):
     logprobs: torch.Tensor  # [B, R] float32, log p(response token r | everything before it)
     mask: torch.Tensor  # [B, R] bool, real response tokens (R = longest response)
-    entropy: torch.Tensor | None  # 0-dim mean entropy over the masked positions, if asked
+    entropy: torch.Tensor | None  # [B, R] float32 per-token entropy (0 beyond a response), if asked
 
 
 class TokenLogprobs(torch.autograd.Function):
@@ -92,5 +90,5 @@ def sequence_logprobs(
     with phase("logprobs"):
         logprobs, entropy = TokenLogprobs.apply(logits.float(), targets, temperature, with_entropy)
         logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))
-        entropy = aggregate(entropy, mask, "token-mean") if with_entropy else None
+        entropy = torch.where(mask, entropy, torch.zeros_like(entropy)) if with_entropy else None
     return ResponseLogprobs(logprobs, mask, entropy)

@@ -19,7 +19,10 @@ ADAPTATION_MODES = ("static", "reflex", "slow", "both", "every_step")
 
 @dataclass
 class SpeculationConfig:
-    num_heads: int = 4  # H horizon heads = maximum tree depth
+    num_heads: int = 4  # H horizon heads; head d drafts depth d + 1, so H is also the trees' depth by default
+    # Deepest a tree drafts, the root not counted; None = the heads' depth. At most the heads' depth
+    # (refused above it, see `tree_depth`): nothing drafts past the last head yet.
+    max_depth: int | None = None
     head_type: str = "path"  # "path" (Hydra-style, reads the tree path) or "medusa"
     # Trained heads file; "shipped" = the heads for this model: DIR.heads.safetensors beside a model
     # directory, else SpecRoll's shipped ones (untrained if none); None = freshly initialised heads.
@@ -71,6 +74,9 @@ class SpeculationConfig:
     def __post_init__(self) -> None:
         if self.num_heads < 1:
             raise ValueError(f"speculation.num_heads must be >= 1, got {self.num_heads}")
+        if self.max_depth is not None and self.max_depth < 1:
+            raise ValueError(f"speculation.max_depth must be >= 1 or null, got {self.max_depth}")
+        self.tree_depth(self.num_heads)  # the heads this config makes
         if self.head_type not in HEAD_TYPES:
             raise ValueError(f"speculation.head_type must be one of {HEAD_TYPES}, got {self.head_type!r}")
         if self.budget not in BUDGET_POLICIES:
@@ -108,6 +114,17 @@ class SpeculationConfig:
             raise ValueError(f"speculation.record_nodes must be one of {RECORD_NODES}, got {self.record_nodes!r}")
         if not 0 <= self.calibration_momentum < 1:
             raise ValueError(f"speculation.calibration_momentum must be in [0, 1), got {self.calibration_momentum}")
+
+    def tree_depth(self, heads_depth: int) -> int:
+        """How deep trees draft with heads of `heads_depth` (`HorizonHeads.num_heads`): `max_depth`,
+        or the heads' depth where it is None. The one place tree depth is decided: every structure
+        sized by depth asks the decoder's `depth`, which asks this."""
+        if self.max_depth is None:
+            return heads_depth
+        if self.max_depth > heads_depth:
+            raise ValueError(f"speculation.max_depth ({self.max_depth}) is deeper than the heads ({heads_depth}): "
+                             "no draft source reaches past the last head yet; set max_depth <= num_heads or null")
+        return self.max_depth
 
     @property
     def scores_would_be(self) -> bool:

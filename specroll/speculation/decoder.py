@@ -99,14 +99,16 @@ class SpeculativeDecoder:
         self.reflex = Reflex(cfg.reflex, model.config.hidden_size) if cfg.uses_reflex else None
         self.would_be: WouldBeTrees | None = None  # set with the heads (trees as deep as they draft)
         self.plain_steps_since_would_be = 0
+        heads = heads if heads is not None else initial_heads(model, cfg)
         # The sibling and history sources; the history outlives generate calls (`remember_responses`).
         self.suffix = (SuffixDrafts(cfg.sibling_lookup, cfg.history_lookup, cfg.lookup_ngram,
                                     cfg.history_tokens_per_prompt, cfg.history_tokens, cfg.calibration_momentum,
-                                    cfg.num_heads, device) if cfg.sibling_lookup or cfg.history_lookup else None)
-        self.set_heads(heads if heads is not None else initial_heads(model, cfg))
-        self.budget = resolve_budget(cfg.budget, device.type)
-        self.records = (RecordCollector(self.heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout,
+                                    cfg.tree_depth(heads.num_heads), device)
+                       if cfg.sibling_lookup or cfg.history_lookup else None)
+        self.records = (RecordCollector(heads.num_heads, cfg.drift.depth_buckets, cfg.records_per_rollout,
                                         record_nodes=cfg.record_nodes) if cfg.uses_slow_path else None)
+        self.set_heads(heads)
+        self.budget = resolve_budget(cfg.budget, device.type)
         sync_free = runs_sync_free_trees(cfg, device.type, self.budget)
         self.sync_free = (SyncFreeTreeStep(cfg, sync_free_buckets(cfg, self.budget), self.verify_forward, compile,
                                            device) if sync_free else None)
@@ -122,8 +124,14 @@ class SpeculativeDecoder:
         if self.budget == "concurrency" and self.profile is not None and self.profile.tree_steps and cfg.min_nodes == 1:
             self.gate = TreeGate(self.sync_free.buckets, cfg.max_nodes, cfg.min_gain, device)
         if self.budget == "cost_model":
-            self.cost_model = CostModel(self.profile, self.heads.num_heads, cfg.min_nodes, cfg.max_nodes, cfg.min_gain)
+            self.cost_model = CostModel(self.profile, self.depth, cfg.min_nodes, cfg.max_nodes, cfg.min_gain)
         self.start_running_estimates()  # outside inference mode, as set_heads; warm-ups and profiles taught nothing
+
+    @property
+    def depth(self) -> int:
+        """How deep this decoder's trees draft (`SpeculationConfig.tree_depth` of its heads): what
+        every structure sized by depth is sized by, and resized by when heads are set."""
+        return self.cfg.tree_depth(self.heads.num_heads)
 
     @property
     def collects_head_records(self) -> bool:
@@ -134,7 +142,9 @@ class SpeculativeDecoder:
         """Use `heads` from the next step on (call between generate calls). A later version of the
         heads drafting now (a slow-path update) keeps the running estimates of how well they
         draft, which a small update barely moves, and probes a closed tree gate at its first
-        interval again; other heads start them afresh."""
+        interval again; other heads start them afresh, sized by their depth (refused, leaving the
+        decoder as it was, where `speculation.max_depth` is deeper than they draft)."""
+        self.cfg.tree_depth(heads.num_heads)  # refused before anything changes
         updated = self.heads is not None and heads.num_heads == self.heads.num_heads and heads.version > self.heads.version
         self.heads = heads.eval().use_prepacked_linears()
         if not updated:
@@ -144,22 +154,24 @@ class SpeculativeDecoder:
 
     def start_running_estimates(self) -> None:
         """The heads' calibration, the cost model's and the lookup's estimates at their priors."""
-        device, heads, cfg = next(self.model.parameters()).device, self.heads, self.cfg
-        self.would_be = WouldBeTrees(cfg.fixed_nodes, heads.num_heads, device) if cfg.scores_would_be else None
+        device, depth, cfg = next(self.model.parameters()).device, self.depth, self.cfg
+        self.would_be = WouldBeTrees(cfg.fixed_nodes, depth, device) if cfg.scores_would_be else None
         # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
-        self.observed = torch.ones(heads.num_heads, device=device)
-        self.predicted = torch.ones(heads.num_heads, device=device)
+        self.observed = torch.ones(depth, device=device)
+        self.predicted = torch.ones(depth, device=device)
         if self.cost_model is not None:
-            self.cost_model.restart(heads.num_heads)
+            self.cost_model.restart(depth)
         if self.gate is not None:
             self.gate.reset()
-        self.lookup_acceptance = LookupAcceptance(self.cfg.lookup_ngram, heads.num_heads, self.cfg.calibration_momentum, device)
+        self.lookup_acceptance = LookupAcceptance(self.cfg.lookup_ngram, depth, self.cfg.calibration_momentum, device)
         if self.suffix is not None:
-            self.suffix.restart_estimates(heads.num_heads, self.cfg.calibration_momentum)
+            self.suffix.restart_estimates(depth, self.cfg.calibration_momentum)
+        if self.records is not None:
+            self.records.follow_heads(self.heads.num_heads)
         self.reset_stats()  # counters per depth of these heads
 
     def reset_stats(self) -> None:
-        self.pass_counts = PassCounts(self.cfg.max_nodes, self.heads.num_heads, next(self.model.parameters()).device)
+        self.pass_counts = PassCounts(self.cfg.max_nodes, self.depth, next(self.model.parameters()).device)
         self.step_log = StepLog()
         if self.would_be is not None:
             self.would_be.reset()  # the next call's rows are other rows
@@ -221,14 +233,9 @@ class SpeculativeDecoder:
         step but for the tree gate's counts every `tree_gate.READ_EVERY` steps)."""
         return self.sync_free is not None or self.planned_step_drafts(state.live_rows) == 0
 
-    @property
-    def max_depth(self) -> int:
-        """The deepest a tree drafts: the heads' depth."""
-        return self.heads.num_heads
-
     def settings(self, drafts: int) -> StepSettings:
         """What a step drafting `drafts` candidates per depth reads besides tensors."""
-        return step_settings(self.cfg, drafts, self.max_depth, self.lookup_acceptance.momentum)
+        return step_settings(self.cfg, drafts, self.depth, self.lookup_acceptance.momentum)
 
     def lookup_rate(self) -> torch.Tensor | None:
         """The context lookup chain's acceptance estimates (None: no context lookup)."""
@@ -278,7 +285,7 @@ class SpeculativeDecoder:
     def draft(self, state: DecodeState, max_drafts: int) -> tuple[Candidates, LookupDrafts | None, SuffixChains | None]:
         """The step's candidates (`step.candidates`) with Reflex's correction and sketches where on,
         and each row's context lookup chain and its sibling and history chains (None where off)."""
-        suffix = None if self.suffix is None else self.suffix.chains(state, min(self.max_depth, max_drafts))
+        suffix = None if self.suffix is None else self.suffix.chains(state, min(self.depth, max_drafts))
         sketch = self.cfg.reflex.sketch_size if self.reflex is not None or self.records is not None else 0
         # Reflex corrects the heads' states: asked only where the heads draft.
         adjust = self.reflex.correction(state) if self.reflex is not None and self.cfg.head_drafts else None
@@ -297,7 +304,7 @@ class SpeculativeDecoder:
     def verify_pass(self, state: DecodeState, drafted: DraftedTree) -> Judged:
         """Verify and judge (steps 2 and 3) at the tree's node bucket: the accepted paths kept in
         the cache, the state moved past them."""
-        budget, depth = drafted.budget, self.max_depth
+        budget, depth = drafted.budget, self.depth
         inputs = tree_inputs(drafted.roots, drafted.tree, drafted.lookup, node_bucket(budget, self.cfg.max_nodes), depth)
         logits, hidden = verify(self.verify_forward, self.model, state, inputs)
         width = accepted_width(budget, depth)

@@ -49,7 +49,7 @@ class StepSettings:
     """What a decoder's steps read besides tensors (constants of a compiled step's graphs)."""
 
     drafts: int  # candidates drafted per depth: a reading step's plan, a sync-free step's largest bucket's
-    max_depth: int  # the deepest a tree drafts
+    depth: int  # the deepest a tree drafts (the decoder's `depth`)
     max_children: int
     max_frontier: int
     lookup_ngram: int  # 0: no context lookup
@@ -58,9 +58,9 @@ class StepSettings:
     max_tokens: int  # the largest emitted count `PassCounts` keeps apart
 
 
-def step_settings(cfg: SpeculationConfig, drafts: int, max_depth: int, lookup_momentum: float) -> StepSettings:
+def step_settings(cfg: SpeculationConfig, drafts: int, depth: int, lookup_momentum: float) -> StepSettings:
     # PassCounts keeps emitted counts apart up to max_nodes.
-    return StepSettings(drafts, max_depth, cfg.max_children, cfg.max_frontier,
+    return StepSettings(drafts, depth, cfg.max_children, cfg.max_frontier,
                         cfg.lookup_ngram if cfg.context_lookup else 0, cfg.calibration_momentum, lookup_momentum,
                         cfg.max_nodes)
 
@@ -84,11 +84,12 @@ def candidates(heads, model, roots: torch.Tensor, hidden: torch.Tensor, log_cali
                history_tokens: torch.Tensor, history_lengths: torch.Tensor, lookup_rate: torch.Tensor | None,
                settings: StepSettings, adjust=None, sketch_size: int = 0, head_drafts: bool = True,
                chains=()) -> tuple[Candidates, LookupDrafts | None]:
-    """Every row's candidates: `settings.drafts` per depth from the heads at `hidden` [B, D]
-    below `roots` [B] (probabilities calibrated per depth by `log_calibration` [H]; none with
-    `head_drafts` off), merged with the row's context lookup chain in its history (scored by the
-    lookup acceptance rates `lookup_rate`), then with `chains` ((chain, step log-probs) pairs:
-    sibling and history lookup). `adjust`, `sketch_size`: see `draft_candidates`."""
+    """Every row's candidates: `settings.drafts` per depth, `settings.depth` deep, from the heads
+    at `hidden` [B, D] below `roots` [B] (probabilities calibrated per depth by `log_calibration`
+    [depth]; none with `head_drafts` off), merged with the row's context lookup chain in its
+    history (scored by the lookup acceptance rates `lookup_rate`), then with `chains` ((chain,
+    step log-probs) pairs: sibling and history lookup). `adjust`, `sketch_size`: see
+    `draft_candidates`."""
     if head_drafts:
         cands = draft_candidates(heads, model, hidden, roots, settings.drafts, log_calibration, settings.max_children,
                                  settings.max_frontier, adjust, sketch_size)
@@ -97,7 +98,7 @@ def candidates(heads, model, roots: torch.Tensor, hidden: torch.Tensor, log_cali
     lookup = None
     if settings.lookup_ngram:
         lookup = lookup_drafts(history_tokens, history_lengths, settings.lookup_ngram,
-                               min(settings.max_depth, settings.drafts))
+                               min(settings.depth, settings.drafts))
         cands = add_lookup_candidates(cands, lookup, chain_step_logp(lookup_rate, lookup))
     for chain, step_logp in chains:
         cands = add_lookup_candidates(cands, chain, step_logp)
@@ -242,7 +243,7 @@ def learn(verdict: Verdict, live: torch.Tensor, observed: torch.Tensor, predicte
     if lookup is not None:
         lookup_rate, on_chain = learned_rates(lookup_rate, settings.lookup_momentum, lookup, verdict.tokens,
                                               verdict.counts * live)
-    increments = pass_increments(settings.max_tokens, settings.max_depth, verdict.counts, live,
+    increments = pass_increments(settings.max_tokens, settings.depth, verdict.counts, live,
                                  verdict.accepted_at_depth, on_chain)
     return Learned(observed, predicted, lookup_rate, increments)
 
@@ -286,7 +287,7 @@ def draft_step(form: str, model, heads, roots: torch.Tensor, hidden: torch.Tenso
     cands, lookup = candidates(heads, model, roots, hidden, (observed / predicted).log(), history_tokens,
                                history_lengths, lookup_rate, settings)
     tree = select_tree(cands, num_drafts, tree_size)
-    return tree_inputs(roots, tree, lookup, tree_size + 1, settings.max_depth)
+    return tree_inputs(roots, tree, lookup, tree_size + 1, settings.depth)
 
 
 @dataclass
@@ -309,8 +310,8 @@ def judge_step(form: str, rule, inputs: TreeInputs, logits: torch.Tensor, hidden
     long as the largest bucket's tree can accept, whatever this tree's bucket: a width that is
     a constant of the graph. `form`: the model's and the heads' (see `specialise`)."""
     specialise(form)
-    width = accepted_width(settings.drafts + 1, settings.max_depth)
-    judged = judge(rule, inputs.tree, logits, hidden, cache, live, keys, counters, params, settings.max_depth, width)
+    width = accepted_width(settings.drafts + 1, settings.depth)
+    judged = judge(rule, inputs.tree, logits, hidden, cache, live, keys, counters, params, settings.depth, width)
     verdict = judged.verdict
     learned = learn(verdict, live, observed, predicted, lookup_rate, inputs.lookup, settings)
     return JudgedTree(verdict.tokens, verdict.logprobs, verdict.counts, judged.last_hidden, judged.counters, learned)
@@ -355,7 +356,7 @@ class SyncFreeTreeStep:
                                  state.rng.counters, observed, predicted, lookup_rate, state.params, settings,
                                  begins_step=False)
         t2 = time.perf_counter()
-        moved_past(state, judged.last_hidden, judged.counters, accepted_width(budget, settings.max_depth))
+        moved_past(state, judged.last_hidden, judged.counters, accepted_width(budget, settings.depth))
         return SyncFreeRun(judged, nodes, t1 - t0, t2 - t1)
 
     def pop_compiles(self) -> list[CompileStats]:

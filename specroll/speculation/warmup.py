@@ -31,10 +31,12 @@ def filler_state(model, cache: KVCache, batch: int, cached: int, history_slots: 
                        torch.zeros(batch, dtype=torch.long, device=device), last_hidden, SamplingParams())
 
 
-def tree_form(heads: HorizonHeads, cfg: SpeculationConfig) -> str:
-    """What a sync-free tree step's cost depends on besides the model: the heads and the tree's settings."""
+def tree_form(heads: HorizonHeads, depth: int, cfg: SpeculationConfig) -> str:
+    """What a sync-free tree step's cost depends on besides the model: the heads, the trees' depth
+    where it is not the heads' (their form holds theirs) and the tree's settings."""
     lookup = cfg.lookup_ngram if cfg.context_lookup else 0
-    return (f"{heads.form} max_nodes={cfg.max_nodes} children={cfg.max_children} "
+    shallower = f" depth={depth}" if depth != heads.num_heads else ""
+    return (f"{heads.form}{shallower} max_nodes={cfg.max_nodes} children={cfg.max_children} "
             f"frontier={cfg.max_frontier} lookup={lookup}")
 
 
@@ -75,7 +77,8 @@ def decoder_profile(decoder, compile: bool) -> HardwareProfile:
     """The (cached) hardware profile of `decoder`'s steps, `compile`d or not. Sync-free trees are
     timed whole, so their profile weighs drafting and judging too."""
     cfg = decoder.cfg
-    form = tree_form(decoder.heads, cfg) if decoder.sync_free is not None and decoder.sync_free.buckets else ""
+    trees = decoder.sync_free is not None and decoder.sync_free.buckets
+    form = tree_form(decoder.heads, decoder.depth, cfg) if trees else ""
     timed = profiled_steps(decoder) if form else partial(profiled_pass, decoder) if compile else None
     return get_profile(decoder.model, cfg.profile_cache_len, timed, compile, form, cfg.max_nodes if form else None)
 

@@ -77,6 +77,13 @@ class RecordCollector:
         self.generator = torch.Generator().manual_seed(seed)
         self.reset()
 
+    def follow_heads(self, num_heads: int) -> None:
+        """Collect for heads of `num_heads` from now on (telemetry and paths are per head): heads of
+        another count drop what was gathered for the old ones, which has their shape."""
+        if num_heads != self.num_heads:
+            self.num_heads = num_heads
+            self.reset()
+
     def reset(self) -> None:
         self.telemetry: list[HeadTelemetry] = []
         self.kept: MaturedRecords | None = None

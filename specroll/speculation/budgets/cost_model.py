@@ -27,24 +27,26 @@ COST_MODEL_MOMENTUM = 0.8
 class CostModel:
     """Plans each step's drafts for trees of 1..`max_nodes` nodes on `profile`'s verify latency
     and EMAs of what drafting and a step's own work cost, and of the tokens each tree size is
-    expected to emit per row; trees of `num_heads` depths at most. `min_gain`: a tree must beat
-    plain decoding's estimated rate by this fraction."""
+    expected to emit per row; trees of `depth` depths at most (the decoder's `depth`). `min_gain`: a
+    tree must beat plain decoding's estimated rate by this fraction."""
 
-    def __init__(self, profile: HardwareProfile, num_heads: int, min_nodes: int, max_nodes: int,
+    def __init__(self, profile: HardwareProfile, depth: int, min_nodes: int, max_nodes: int,
                  min_gain: float) -> None:
         self.profile = profile
         self.min_nodes, self.max_nodes, self.min_gain = min_nodes, max_nodes, min_gain
         # EMA of drafting seconds by the depth drafted (index 0: no drafting), and of what a plain
         # step and a tree step cost beyond their profiled forwards (None: not seen yet).
-        self.draft_s = [0.0] * (num_heads + 1)
+        self.draft_s: list[float] = []  # sized by `restart`
         self.plain_extra_s: float | None = None
         self.tree_extra_s: float | None = None
-        self.restart(num_heads)
+        self.restart(depth)
 
-    def restart(self, num_heads: int) -> None:
-        """Forget how well the heads draft (other heads, of `num_heads` depths): the drafting and
-        step-time EMAs stay, they measure the hardware."""
-        self.num_heads = num_heads
+    def restart(self, depth: int) -> None:
+        """Forget how well the heads draft (other heads, trees of `depth` depths): the drafting and
+        step-time EMAs stay, they measure the hardware, resized to the depths drafted now (a
+        deeper one not seen yet, a shallower one's deeper entries dropped)."""
+        self.depth = depth
+        self.draft_s = (self.draft_s + [0.0] * (depth + 1))[: depth + 1]
         # EMA over drafted steps of the mean expected tokens per row for N = 1..max_nodes.
         self.expected_per_row: torch.Tensor | None = None
         self.typical_per_row: torch.Tensor | None = None  # the same, averaged slowly
@@ -55,11 +57,11 @@ class CostModel:
         estimates, the largest one within PLAN_SLACK of the best; now and then the full tree as
         a probe (see DRAFT_PROBE_EVERY); none where not even perfect drafts could pay."""
         full, least = self.max_nodes - 1, self.min_nodes - 1
-        if not speculation_may_pay(self.profile, batch, self.max_nodes, self.num_heads, self.drafting_s()):
+        if not speculation_may_pay(self.profile, batch, self.max_nodes, self.depth, self.drafting_s()):
             # Where only the measured drafting time rules speculation out, still probe rarely: that
             # time can fall (a first draft on a GPU loads kernels), and one slow draft must not end drafting.
             probe = (max(self.draft_s) > 0 and self.steps_since_full_draft >= RARE_PROBE_EVERY
-                     and speculation_may_pay(self.profile, batch, self.max_nodes, self.num_heads))
+                     and speculation_may_pay(self.profile, batch, self.max_nodes, self.depth))
             return full if probe else least
         if self.expected_per_row is None:
             return full  # nothing drafted yet: draft to find out
@@ -93,10 +95,10 @@ class CostModel:
 
     def drafting_s(self) -> list[float]:
         """Estimated seconds a tree of 1..max_nodes nodes costs beyond its profiled verify forward:
-        its drafting (a tree of n nodes drafts min(n - 1, H) depths: the EMA for that depth, else
+        its drafting (a tree of n nodes drafts min(n - 1, depth) depths: the EMA for that depth, else
         the full tree's scaled by depth) plus what a tree step's own work (sampling every node,
         the acceptance rule, keeping the path) adds over a plain step's, the profile times neither."""
-        full_depth = min(self.num_heads, self.max_nodes - 1)
+        full_depth = min(self.depth, self.max_nodes - 1)
         full = self.draft_s[full_depth]
         seen = self.plain_extra_s is not None and self.tree_extra_s is not None
         tree_work = max(self.tree_extra_s - self.plain_extra_s, 0.0) if seen else 0.0
@@ -123,7 +125,7 @@ class CostModel:
         """Update the EMAs of drafting time and of expected tokens per row (one step's drafts say
         little about the next ones: confidence varies per token)."""
         m = COST_MODEL_MOMENTUM
-        depth = min(drafts, self.num_heads)
+        depth = min(drafts, self.depth)
         old = self.draft_s[depth]
         # The first, or after a cold start: averaging would keep it high for long.
         self.draft_s[depth] = seconds if not old or seconds < old / 2 else m * old + (1 - m) * seconds

@@ -74,14 +74,15 @@ class DraftTree:
 def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, max_drafts: int,
                      log_calibration: torch.Tensor, max_children: int = 8, max_frontier: int = 4,
                      adjust=None, sketch_size: int = 0) -> Candidates:
-    """Draft up to `max_drafts` nodes per depth, to depth min(H, max_drafts), for each row
+    """Draft up to `max_drafts` nodes per depth, to depth min(depth, max_drafts), for each row
     from its own heads.
 
     Only the `max_frontier` best nodes of a depth get children: with path heads every
     expanded node costs an LM-head product, the dominant drafting cost.
 
     hidden [B, D]: the policy's final hidden state at the position that produced `roots` [B].
-    log_calibration [H]: per-depth log correction of head probabilities (learned online).
+    log_calibration [depth]: per-depth log correction of head probabilities (learned online); its
+    length is how deep the tree drafts (the decoder's `depth`, at most the heads').
     adjust(depth, states [B, F, D]) -> a correction added to head `depth`'s (1-based) states before
     the LM head (Reflex). sketch_size m > 0 keeps each depth's top-m head distribution per frontier
     node (the matured records of Reflex and the slow path).
@@ -96,7 +97,7 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
     next_id = 0
     lm_head = model.lm_head.weight  # the policy's own, read every call, so drafts follow its updates
     width = min(width, heads.draft_vocab_size(lm_head))
-    for d in range(min(heads.num_heads, max_drafts)):
+    for d in range(min(len(log_calibration), max_drafts)):
         if heads.head_type == "medusa":
             # A medusa head ignores the path: one distribution per row serves the whole depth.
             states = heads.step(d, None, hidden[:, None], None)
