@@ -29,10 +29,10 @@ from .budgets.policies import concurrency_budget, resolve_budget
 from .budgets.tree_gate import TreeGate
 from .config import SpeculationConfig
 from .drafting.heads import HorizonHeads, shipped_heads
-from .drafting.lookup import LookupAcceptance, LookupDrafts
-from .drafting.suffix_drafts import SuffixChains, SuffixDrafts
-from .drafting.tree import Candidates, select_tree
+from .drafting.lookup import LookupAcceptance
+from .drafting.suffix_drafts import SuffixDrafts
 from .step import (
+    Drafts,
     DraftedTree,
     Judged,
     Learned,
@@ -40,6 +40,7 @@ from .step import (
     SyncFreeTreeStep,
     accepted_width,
     candidates,
+    drafted_tree,
     judge,
     learn,
     moved_past,
@@ -267,22 +268,21 @@ class SpeculativeDecoder:
     def drafted_tree(self, state: DecodeState) -> DraftedTree:
         """Draft (step 1): this step's drafts and the tree it verifies, sized by the node budget (1: a plain step)."""
         started = time.perf_counter()
-        drafts, cands, lookup, suffix = self.planned_step_drafts(state.live_rows), None, None, None
-        budget = 1 if drafts == 0 else drafts + 1
-        if drafts > 0:
-            cands, lookup, suffix = self.draft(state, drafts)
+        planned = self.planned_step_drafts(state.live_rows)
+        budget = 1 if planned == 0 else planned + 1
+        drafts = self.draft(state, planned) if planned > 0 else None
+        cands = None if drafts is None else drafts.candidates
         if self.cost_model is not None:  # it planned the drafts; they pick N_t
-            budget = self.cost_model.drafted(cands, drafts, state.last_tokens.shape[0], time.perf_counter() - started)
+            budget = self.cost_model.drafted(cands, planned, state.last_tokens.shape[0], time.perf_counter() - started)
         if budget == 1:
             self.pass_counts.add_plain(state.live)  # finished rows emit nothing
             if self.gate is not None:
                 self.gate.note_plain()
             if self.would_be is not None:  # drafts as deep as a would-be tree's serve as one
-                start_would_be(self, state, cands if drafts >= self.cfg.fixed_nodes - 1 else None)
-        tree = select_tree(cands, budget - 1) if budget > 1 else None
-        return DraftedTree(budget, cands, lookup, suffix, tree, state.last_tokens, state.last_hidden)
+                start_would_be(self, state, cands if planned >= self.cfg.fixed_nodes - 1 else None)
+        return drafted_tree(budget, drafts, state.last_tokens, state.last_hidden)
 
-    def draft(self, state: DecodeState, max_drafts: int) -> tuple[Candidates, LookupDrafts | None, SuffixChains | None]:
+    def draft(self, state: DecodeState, max_drafts: int) -> Drafts:
         """The step's candidates (`step.candidates`) with Reflex's correction and sketches where on,
         and each row's context lookup chain and its sibling and history chains (None where off)."""
         suffix = None if self.suffix is None else self.suffix.chains(state, min(self.depth, max_drafts))
@@ -293,7 +293,7 @@ class SpeculativeDecoder:
                                    (self.observed / self.predicted).log(), state.history.tokens, state.history.lengths,
                                    self.lookup_rate(), self.settings(max_drafts), adjust, sketch, self.cfg.head_drafts,
                                    () if suffix is None else self.suffix.scored(suffix))
-        return cands, lookup, suffix
+        return Drafts(cands, lookup, suffix)
 
     def remember_responses(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> None:
         """Keep a generate call's responses (prompt-major, `group_size` per prompt) for history

@@ -68,6 +68,14 @@ def step_settings(cfg: SpeculationConfig, drafts: int, depth: int, lookup_moment
 # 1. Draft
 
 
+class Drafts(NamedTuple):
+    """A reading step's drafts: every row's candidates, and the chains among them that learn from the verdict."""
+
+    candidates: Candidates  # the heads' and lookups' drafts
+    lookup: LookupDrafts | None  # each row's context lookup chain; None when off
+    suffix: SuffixChains | None  # each row's sibling and history chains; None when both are off
+
+
 class DraftedTree(NamedTuple):
     """What a reading step verifies: its node budget (1: a plain step), and the drafts and tree behind it."""
 
@@ -103,6 +111,14 @@ def candidates(heads, model, roots: torch.Tensor, hidden: torch.Tensor, log_cali
     for chain, step_logp in chains:
         cands = add_lookup_candidates(cands, chain, step_logp)
     return cands, lookup
+
+
+def drafted_tree(budget: int, drafts: Drafts | None, roots: torch.Tensor, hidden: torch.Tensor) -> DraftedTree:
+    """A reading step's tree: the best `budget` - 1 of its `drafts` (None: nothing drafted), or
+    none for a plain step (`budget` 1). `roots` [B] and `hidden` [B, D]: what they were drafted from."""
+    cands, lookup, suffix = drafts if drafts is not None else (None, None, None)
+    tree = select_tree(cands, budget - 1) if budget > 1 else None
+    return DraftedTree(budget, cands, lookup, suffix, tree, roots, hidden)
 
 
 # 2. Verify
