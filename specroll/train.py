@@ -10,24 +10,19 @@ Each step: sample prompts -> push the latest policy to the rollout actors -> rol
 one). With `cluster.overlap` the rollouts of step k+1 are generated while the learner trains
 on step k, so training is one policy version off-policy.
 
-The Hydra tree is `conf/` next to the package, or the directory in $SPECROLL_CONF.
+The Hydra tree is `specroll.command_line.conf_dir()`: `conf/` next to the package, or $SPECROLL_CONF.
 """
 from __future__ import annotations
 
-import math
-import os
-import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import hydra
 import ray
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
@@ -41,18 +36,20 @@ from specroll.actors import (
     Rollouts,
     RunActors,
 )
-from specroll.actors.local_cluster import start_local_cluster
-from specroll.actors.placement import local_resources
-from specroll.configs import ClusterSection, TrainConfig, load_train_config
-from specroll.configs.renames import renamed_overrides
+from specroll.actors.ray_cluster import connect_ray
+from specroll.command_line import conf_dir, errors_as_messages, refuse_renamed
+from specroll.configs import TrainConfig, load_train_config
 from specroll.configs.resume_changes import check_resume_changes
 from specroll.data import Problem, PromptStream
+from specroll.decoders import heads_config
 from specroll.eval.evaluation import EvalReport, eval_plan
 from specroll.eval.held_out import load_held_out
-from specroll.learner import latest_checkpoint, latest_intact_checkpoint, start_branch, verify_checkpoint
+from specroll.learner import latest_checkpoint
 from specroll.preflight import preflight
+from specroll.resume import checkpoint_to_resume, resume_advice, resume_command
 from specroll.run_dir import CHECKPOINTS, CONFIG_NAME, write_run_token
-from specroll.run_owner import Owner, RunDirOwnedError, heartbeat, release_ownership, take_ownership
+from specroll.run_owner import Owner, heartbeat, release_ownership, take_ownership
+from specroll.run_report import RunSummary, describe, summarize_run
 from specroll.stops import RunStopped, StopSignals
 from specroll.storage import write_atomically
 from specroll.telemetry import (
@@ -60,30 +57,16 @@ from specroll.telemetry import (
     StepProgress,
     drafter_update_metrics,
     response_metrics,
-    start_wandb_branch,
     summarize_rollout_stats,
 )
 from specroll.telemetry import metric_names as m
-from specroll.telemetry.history import STEP_KEY, RunHistory, eval_file, held_out_curve, read_run
-from specroll.telemetry.plots import plot_run_curves
+from specroll.telemetry.history import eval_file
 from specroll.telemetry.rollout_log import ROLLOUTS_NAME, RolloutLog
-from specroll.telemetry.run_summary import format_summary
-from specroll.telemetry.sinks import JSONL_NAME
 
-CONF_ENV = "SPECROLL_CONF"
-CURVES_NAME = "run_curves.png"  # under run_dir: the run's curves, drawn at its end
-FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra's own switch for full tracebacks, kept for ours
-# Errors whose message names what failed (a config field, a file or folder, the Ray address, an actor, a lost
-# cluster): a traceback adds nothing. OSError holds PermissionError, FileNotFoundError and ConnectionError.
-REPORTED_ERRORS = (ValueError, OSError, ActorFailedError, ClusterLostError, RunDirOwnedError)
 # The phases of a step, in order, as `run_training`'s `on_phase` sees them begin.
 WEIGHT_SYNC, GENERATE, HEAD_UPDATE, TRAIN, SAVE = "weight_sync", "generate", "head_update", "train", "save"
 STEP_PHASES = (WEIGHT_SYNC, GENERATE, HEAD_UPDATE, TRAIN, SAVE)
 OnPhase = Callable[[int, str, RunActors], None]
-
-
-def conf_dir() -> str:
-    return os.environ.get(CONF_ENV) or str(Path(__file__).resolve().parents[1] / "conf")
 
 
 @dataclass
@@ -116,7 +99,8 @@ class Run:
     @property
     def waits_for_heads(self) -> bool:
         """Whether a step waits for the slow path's head update before the learner's."""
-        return self.cfg.rollout.speculates and self.cfg.rollout.speculation.consolidation.wait
+        spec = heads_config(self.cfg.rollout)
+        return spec is not None and spec.consolidation.wait
 
 
 class LaunchedRollouts(NamedTuple):
@@ -125,27 +109,6 @@ class LaunchedRollouts(NamedTuple):
     pending: PendingRollouts
     weight_sync_s: float  # seconds pushing the latest policy to the rollout actors first
     data_position: dict  # the prompt stream's `state_dict()` after this step's batch
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """What `run_training` hands back, and `describe` prints."""
-
-    run_dir: str
-    first_step: int  # the step this launch began at
-    total_steps: int
-    policy_version: int | None  # the learner's, at the end
-    data_position: dict  # the prompt stream's `state_dict()` at the end
-    last_checkpoint: str | None  # the newest checkpoint written or resumed from; None without any
-    checkpoint_dir: str
-    config_file: str  # the resolved config of this launch
-    metrics_file: str | None  # metrics.jsonl; None without logger.jsonl
-    wandb_run_id: str | None
-    wandb_dir: str | None  # the offline run's directory, or the run's URL online; None without W&B
-    metrics: dict[str, float]  # of the last step; empty when no step ran
-    last_eval: str | None  # this launch's newest held-out evaluation (evals/step_XXXXXXXX.json); None without
-    curves_file: str | None  # the run's curves as a PNG; None without steps
-    table: str | None  # the end-of-run table; None without steps
 
 
 def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors], None] | None = None,
@@ -162,7 +125,9 @@ def run_training(cfg: TrainConfig, on_step_end: Callable[[int, dict, RunActors],
         try:
             prepare(run)
             steps = train_loop(run, on_step_end, on_phase)
-            return report(run, steps)
+            return summarize_run(run.cfg, steps, run.first_step, run.logger, policy_version=run.actors.learner_version,
+                                 data_position=run.stream.state_dict(), last_checkpoint=run.last_checkpoint,
+                                 last_eval=run.last_eval)
         except (ActorFailedError, ClusterLostError) as exc:
             if run.logger is None:  # failed while starting: nothing ran that a resume would continue
                 raise
@@ -323,42 +288,6 @@ def heads_metrics(actors: RunActors, consolidating: PendingConsolidation | None,
     return heads
 
 
-def report(run: Run, steps: list[dict[str, float]]) -> RunSummary:
-    """The run's curves and end-of-run table (from metrics.jsonl, else this launch's steps) and where things are."""
-    cfg, run_dir = run.cfg, run.run_dir
-    if cfg.logger.jsonl:
-        history = read_run(run_dir)
-    else:
-        rows = [{STEP_KEY: step, **metrics} for step, metrics in enumerate(steps, start=run.first_step)]
-        history = RunHistory(run_dir.name, rows, held_out_curve(run_dir))
-    curves_file, table = run_report(history, run_dir / CURVES_NAME)
-    return RunSummary(
-        run_dir=str(run_dir),
-        first_step=run.first_step,
-        total_steps=cfg.total_steps,
-        policy_version=run.actors.learner_version,
-        data_position=run.stream.state_dict(),
-        last_checkpoint=run.last_checkpoint,
-        checkpoint_dir=str(run.checkpoints),
-        config_file=str(run_dir / CONFIG_NAME),
-        metrics_file=str(run_dir / JSONL_NAME) if cfg.logger.jsonl else None,
-        wandb_run_id=run.logger.run_id,
-        wandb_dir=wandb_location(run.logger),
-        metrics=steps[-1] if steps else {},
-        last_eval=run.last_eval,
-        curves_file=curves_file,
-        table=table,
-    )
-
-
-def resume_advice(checkpoints: Path) -> str:
-    """What to do after an actor failed mid-run: continue from the newest complete checkpoint, if any."""
-    newest = latest_checkpoint(checkpoints)
-    if newest:
-        return f"the last complete checkpoint is {newest}; run again with resume=auto to continue from it"
-    return "no checkpoint was completed yet, so a rerun starts from step 0"
-
-
 def teardown(run: Run) -> None:
     """Close what the run opened (the logger, the actors, Ray if started here), in that order, then
     give up the run_dir: the actors have stopped writing there."""
@@ -389,57 +318,6 @@ def save_resolved_config(cfg: TrainConfig, run_dir: Path) -> None:
     it; every checkpoint keeps the config it was saved under)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(run_dir / CONFIG_NAME, OmegaConf.to_yaml(cfg.to_dict()))
-
-
-def checkpoint_to_resume(cfg: TrainConfig, checkpoints: Path) -> Path | None:
-    """The checkpoint `cfg.resume` names, its files verified against its marker, before any actor starts.
-
-    resume=auto takes the newest intact one (warning about each damaged newer one); an explicit
-    path that is damaged raises naming the file rather than falling back to something not asked for.
-    """
-    newest = latest_checkpoint(checkpoints)
-    if cfg.resume == "auto":
-        intact = latest_intact_checkpoint(checkpoints)
-        if newest is not None and intact is None:
-            # Starting afresh would let rotation delete the damaged ones: the user decides.
-            raise ValueError(f"resume=auto: no checkpoint under {checkpoints} is intact (see the warnings); "
-                             "repair one, pass resume=<path>, or choose a new run_dir")
-        return intact
-    if cfg.resume == "never":
-        if newest is not None:
-            raise ValueError(f"resume: run_dir {cfg.run_dir} already holds checkpoints (newest {newest.name}); "
-                             "resume=auto continues them, or choose a new run_dir")
-        return None
-    path = Path(cfg.resume).expanduser()
-    verify_checkpoint(path)
-    if start_branch(checkpoints, path):
-        start_wandb_branch(Path(cfg.run_dir))  # the W&B run of the abandoned history is not continued
-    return path
-
-
-def connect_ray(cluster: ClusterSection) -> bool:
-    """Join `cluster.ray_address` (or the job's $RAY_ADDRESS), or start a local cluster on the loopback
-    address (`start_local_cluster`); True if started here."""
-    if ray.is_initialized():
-        return False
-    address = cluster.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        try:
-            ray.init(address=address)
-        except ConnectionError as exc:
-            raise ConnectionError(f"cannot reach the Ray cluster at {address} (cluster.ray_address or $RAY_ADDRESS): "
-                                  f"{str(exc).splitlines()[0]}; start it (ray start --head) or unset both for a "
-                                  "local cluster") from exc
-        return True
-    c = cluster
-    gpus = c.num_rollout_actors * c.gpus_per_rollout_actor + c.learner_world_size * c.gpus_per_learner
-    if gpus > torch.cuda.device_count():
-        raise ValueError(f"cluster.gpus_per_rollout_actor / cluster.gpus_per_learner ask for {gpus:g} GPUs; "
-                         f"this machine has {torch.cuda.device_count()}")
-    cpus = c.num_rollout_actors * c.cpus_per_rollout_actor + c.learner_world_size * c.cpus_per_learner
-    # Ray's CPUs are bookkeeping: a laptop with fewer cores still runs the config, just slower.
-    start_local_cluster(max(os.cpu_count() or 1, math.ceil(cpus)), local_resources(c))
-    return True
 
 
 def collect_with_progress(actors: RunActors, pending: PendingRollouts, cfg: TrainConfig) -> Rollouts:
@@ -476,57 +354,6 @@ def step_metrics(rollouts: Rollouts, trained: LearnerUpdate, heads: dict, weight
     return metrics
 
 
-def run_report(history: RunHistory, curves_path: Path) -> tuple[str | None, str | None]:
-    """The run's curves drawn to `curves_path`, and its end-of-run table; (None, None) without steps."""
-    if not history.rows:
-        return None, None
-    plot_run_curves(history, curves_path)
-    return str(curves_path), format_summary(history)
-
-
-def wandb_location(logger: MetricsLogger) -> str | None:
-    """The offline run's directory (what `wandb sync` takes), the run's URL online, None without W&B."""
-    if logger.wandb is None:
-        return None
-    run = logger.wandb.run
-    return str(Path(run.dir).parent) if run.offline else run.url
-
-
-def describe(summary: RunSummary) -> str:
-    first, total = summary.first_step, summary.total_steps
-    if first < total:
-        head = f"steps {first}-{total - 1} done, policy version {summary.policy_version}"
-    else:
-        head = f"all {total} steps were already done (raise total_steps to go on, or use another run_dir)"
-    lines = [f"SpecRoll run in {summary.run_dir}: {head}"]
-    if summary.wandb_dir:
-        sync = f"   (upload: wandb sync {summary.wandb_dir})" if not summary.wandb_dir.startswith("http") else ""
-        lines.append(f"  W&B run:      {summary.wandb_dir}{sync}")
-    if summary.metrics_file:
-        lines.append(f"  metrics:      {summary.metrics_file}")
-    lines.append(f"  checkpoints:  {summary.checkpoint_dir}   (latest: {summary.last_checkpoint})")
-    lines.append(f"  config:       {summary.config_file}")
-    if summary.last_eval:
-        lines.append(f"  evaluation:   {summary.last_eval}")
-    if summary.curves_file:
-        lines.append(f"  curves:       {summary.curves_file}")
-    if summary.table:
-        lines += ["", "Summary:", summary.table]
-    return "\n".join(lines)
-
-
-@contextmanager
-def errors_as_messages(prefix: str) -> Iterator[None]:
-    """A `REPORTED_ERRORS` error leaves as `prefix: message` on stderr and exit status 1, without the
-    traceback Hydra would print first; with HYDRA_FULL_ERROR=1 it propagates, traceback and all."""
-    try:
-        yield
-    except REPORTED_ERRORS as exc:
-        if os.environ.get(FULL_ERROR_ENV) == "1":
-            raise
-        raise SystemExit(f"{prefix}: {exc}") from None
-
-
 @hydra.main(config_path=conf_dir(), config_name="config", version_base=None)
 def main(hydra_cfg: DictConfig) -> None:
     with errors_as_messages("invalid config"):
@@ -540,19 +367,6 @@ def main(hydra_cfg: DictConfig) -> None:
             print(stop, file=sys.stderr, flush=True)
             raise SystemExit(stop.exit_code) from None
         print(describe(summary), flush=True)
-
-
-def resume_command(overrides: list[str]) -> str:
-    """This launch's command line with resume=auto in place of any resume override."""
-    kept = [o for o in overrides if not o.lstrip("+~").startswith("resume=")]
-    return shlex.join(["python", "-m", "specroll.train", *kept, "resume=auto"])
-
-
-def refuse_renamed(overrides: list[str]) -> None:
-    """Stop, naming the new spelling, where an override uses a key or value renamed since earlier runs."""
-    renamed = renamed_overrides(overrides)
-    if renamed:
-        raise SystemExit("invalid config: renamed since earlier runs (docs/guide.md, Changelog):\n  " + "\n  ".join(renamed))
 
 
 if __name__ == "__main__":

@@ -95,7 +95,9 @@ def hf_oracle(model):
 
     cfg = model.config
     hf = AutoModelForCausalLM.from_config(cfg.to_hf(), dtype=torch.float32)
-    hf.load_state_dict(to_hf_state_dict(model.state_dict(), cfg))
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(model.state_dict(), cfg), strict=False)
+    # A tied LM head is loaded as the embeddings.
+    assert (missing, unexpected) == (["lm_head.weight"] if cfg.tie_word_embeddings else [], [])
     return hf.eval()
 
 

@@ -1,6 +1,5 @@
 """Actors on a real local Ray cluster with a tiny model: two rollout actors, a learner and the
 head-consolidation actor take two GRPO steps; weights, heads and telemetry travel versioned."""
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -12,7 +11,6 @@ from hydra import compose, initialize_config_dir
 from specroll.actors import (
     ActorFailedError,
     ActorTimeoutError,
-    DriftRecord,
     HeadConsolidationActor,
     LearnerUpdate,
     RolloutActor,
@@ -25,7 +23,6 @@ from specroll.actors import (
 from specroll.configs import load_train_config
 from specroll.data import load_problems
 from specroll.models.flat_weights import FlatWeights
-from specroll.rollout import TreeStats
 from specroll.speculation import HorizonHeads
 from specroll.speculation.adaptation.consolidation import HeadConsolidator
 from specroll.speculation.drafting.heads_state import HeadsState
@@ -50,13 +47,6 @@ def config(overrides=()):
         return load_train_config(compose("config", overrides=OVERRIDES + list(overrides)))
 
 
-def wait_for(condition, timeout_s=60.0):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.2)
-
-
 def test_split_groups_gives_contiguous_near_equal_shards():
     assert split_groups(5, 2) == [range(0, 3), range(3, 5)]
     assert split_groups(4, 4) == [range(i, i + 1) for i in range(4)]
@@ -77,17 +67,6 @@ def test_rollouts_concat_in_prompt_order_and_select_whole_groups():
     assert second.prompt_ids_per_response() == [[1], [1]] and second.truncated() == [False, True]
     with pytest.raises(ValueError, match=r"policy versions \[0, 1\]"):
         Rollouts.concat([part(0), part(1, version=1)])
-
-
-def test_drift_record_from_engine_stats():
-    stats = TreeStats(verify_steps=3, budget_per_step=[4, 2, 3], tokens_per_step_hist={1: 2, 2: 2},
-                      tokens_per_step_mean=1.5, drafted_response_steps=3, drafted_tokens=5,
-                      acceptance_by_depth=[0.5, 0.25], lookup_token_share=0.0, time_draft_s=0.1, time_verify_s=0.2,
-                      time_bookkeeping_s=0.1)
-    record = DriftRecord.from_stats(stats, actor_index=1, step=7, policy_version=2, head_version=5)
-    assert record.acceptance_by_depth == (0.5, 0.25)
-    assert (record.budget_mean, record.budget_min, record.budget_max) == (3.0, 2, 4)
-    assert (record.actor_index, record.step, record.policy_version, record.head_version) == (1, 7, 2, 5)
 
 
 def test_responses_do_not_depend_on_how_the_prompts_are_split():
@@ -129,7 +108,7 @@ def test_two_grpo_steps_increment_the_policy_version(two_steps):
     assert steps[1]["rollouts"].prompt_indices == list(range(PROMPTS))
     assert len(steps[1]["rollouts"].engine_stats) == 2  # one per rollout actor
     assert actors.learner_version == 2
-    assert [v.policy for v in actors.rollout_call("versions")] == [2, 2]
+    assert [v.policy for v in actors.rollout_versions()] == [2, 2]
 
 
 def test_every_rollout_actor_scores_a_response_as_the_learner_does(two_steps):
@@ -137,7 +116,7 @@ def test_every_rollout_actor_scores_a_response_as_the_learner_does(two_steps):
     rollouts = steps[0]["rollouts"]
     prompts, responses = rollouts.prompt_ids_per_response()[:3], rollouts.response_ids[:3]
     learner = actors.learner_logprobs(prompts, responses)
-    for replica in actors.rollout_call("response_logprobs", prompts, responses):
+    for replica in actors.rollout_logprobs(prompts, responses):
         for ours, theirs in zip(replica, learner):
             torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=0, atol=1e-5)
     # The log-probs the responses were sampled with (version 0) are clearly others.
@@ -145,41 +124,26 @@ def test_every_rollout_actor_scores_a_response_as_the_learner_does(two_steps):
     assert (torch.tensor(learner[0]) - old).abs().max() > 1e-3
 
 
-def test_drift_telemetry_reaches_the_consolidation_actor(two_steps):
-    cfg, actors, _, _ = two_steps
-
-    def records():
-        return {(r.actor_index, r.step): r for r in actors.drift_history()}
-
-    wait_for(lambda: {(a, s) for a in (0, 1) for s in (0, 1)} <= set(records()))
-    record = records()[(1, 1)]
-    assert (record.policy_version, record.head_version) == (1, 0)
-    assert len(record.acceptance_by_depth) == cfg.rollout.speculation.num_heads
-    assert record.verify_steps > 0 and record.tokens_per_step >= 1
-    assert record.budget_min == record.budget_max == cfg.rollout.speculation.fixed_nodes
-
-
 def test_published_heads_reach_every_rollout_actor(two_steps):
     _, actors, problems, _ = two_steps
-    initial = actors.rollout_call("heads_state")[0]
+    initial = actors.rollout_heads()[0]
     new_state = {k: v + 0.01 for k, v in initial.state.items()}
     assert actors.publish_heads(new_state) == initial.version + 1
-    assert [v.heads for v in actors.rollout_call("versions")] == [1, 1]
-    for held in actors.rollout_call("heads_state"):
+    assert [v.heads for v in actors.rollout_versions()] == [1, 1]
+    for held in actors.rollout_heads():
         assert held.version == 1 and all(torch.equal(held.state[k], new_state[k]) for k in new_state)
     # A stale broadcast never replaces newer heads.
-    assert actors.rollout_call("set_heads", replace(initial, version=0)) == [1, 1]
+    assert ray.get([actor.set_heads.remote(replace(initial, version=0)) for actor in actors.rollout]) == [1, 1]
     metrics = actors.heads_metrics()
     assert metrics["heads/version"] == 1 and metrics["timing_s/head_sync"] > 0
     rollouts = actors.collect_rollouts(actors.start_rollouts(2, problems[:PROMPTS]))
     assert rollouts.head_version == 1
-    wait_for(lambda: any(r.step == 2 and r.head_version == 1 for r in actors.drift_history()))
 
 
 def test_heads_saved_as_dicts_restore_the_consolidation_actor(two_steps, tmp_path):
     """`heads.pt` holds plain dicts, in checkpoints old and new: they restore the heads and the slow path's state."""
     cfg, actors, _, _ = two_steps
-    initial = actors.rollout_call("heads_state")[0]
+    initial = actors.rollout_heads()[0]
     spec = replace(cfg.rollout.speculation, adaptation="slow")
     consolidator = HeadConsolidator(HorizonHeads.from_state(asdict(initial.meta), initial.state), spec.adaptation,
                                     spec.drift, spec.consolidation)
@@ -217,8 +181,8 @@ def test_slow_and_dead_actors_are_named(two_steps):
     ray.get(call)  # let it finish: the actor stays usable
     doomed = as_remote(HeadConsolidationActor, num_cpus=0).remote(1.0)
     ray.kill(doomed)
-    with pytest.raises(ActorFailedError, match="head-consolidation actor died during drift_history"):
-        gather([("head-consolidation actor", doomed.drift_history.remote())], "drift_history", timeout_s=60)
+    with pytest.raises(ActorFailedError, match="head-consolidation actor died during step_stats"):
+        gather([("head-consolidation actor", doomed.step_stats.remote())], "step_stats", timeout_s=60)
 
 
 def test_a_step_update_lasts_as_long_as_its_slowest_rank_and_counts_every_ranks_tokens():

@@ -112,12 +112,12 @@ def test_a_version_that_fails_the_check_leaves_the_replica_without_one_until_a_s
             rf"rollout actor \d failed in sync_policy \(policy version {held + 1}\): ValueError: weight sync sent "
             rf"policy version {held} \(\d+ bytes\) where version {held + 1} \(\d+ bytes\) was expected")):
         actors.sync_policy()
-    assert [v.policy for v in actors.rollout_call("versions")] == [None, None]
+    assert [v.policy for v in actors.rollout_versions()] == [None, None]
     with pytest.raises(ray.exceptions.RayTaskError, match="holds policy version None"):
         ray.get(actors.rollout[0].generate.remote(9, held, [(0, problems[0])]), timeout=120)
     actors.learner_version, actors.rollout_version = held, None
     assert actors.sync_policy() == held
-    assert [v.policy for v in actors.rollout_call("versions")] == [held, held]
+    assert [v.policy for v in actors.rollout_versions()] == [held, held]
 
 
 @pytest.mark.parametrize("devices, backend", [

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from specroll.benchmarks.compare import add_ratios, homogeneity, main, summarize_mode
-from specroll.benchmarks.comparison import ModeRun, load_comparison
+from specroll.benchmarks.comparison_record import ModeRun, load_comparison
 from specroll.telemetry import metric_names as m
 
 

@@ -7,7 +7,7 @@ import torch
 from specroll.benchmarks.drifted_policy import LIMIT, SKIPPED_PROBLEMS, STEPS, build_drifted_policy
 from specroll.data import load_problems
 from specroll.learner import export_hf
-from specroll.learner.sft import SUMMARY_FILE, problems_digest
+from specroll.learner.sft_trainer import SUMMARY_FILE, problems_digest
 from specroll.models import build_tiny_model, load_causal_lm
 
 SMOLLM2_VOCAB = 49152  # the tiny policy shares SmolLM2's tokenizer

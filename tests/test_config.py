@@ -241,7 +241,7 @@ def test_tiny_model_with_a_tokenizer_takes_its_vocabulary():
 
 def test_an_override_renamed_since_earlier_runs_is_named_with_its_new_spelling():
     from specroll.configs.renames import renamed_overrides
-    from specroll.train import refuse_renamed
+    from specroll.command_line import refuse_renamed
 
     assert renamed_overrides(["rollout.spec.budget=fixed", "+rollout.spec.x=1", "rollout=specroll",
                               "rollout.mode=specroll", "rollout=speculation", "rollout.speculation.budget=fixed",

@@ -339,7 +339,7 @@ def test_incompatible_checkpoint_names_the_field(tmp_path, zero_stage, model, me
         load_checkpoint(make_learner(zero_stage, model=model()), saved)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
 def test_exported_directory_loads_in_transformers_with_the_same_logits(tmp_path, model_type):
     from transformers import AutoModelForCausalLM
 

@@ -8,7 +8,7 @@ import torch
 
 from specroll.data import Problem
 from specroll.learner import export_hf
-from specroll.learner.sft import (
+from specroll.learner.sft_trainer import (
     SUMMARY_FILE,
     SFTConfig,
     SFTExample,

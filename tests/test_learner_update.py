@@ -33,9 +33,9 @@ def with_old_logprobs(samples: GRPOSamples, noise: float, seed: int = 1) -> GRPO
     return samples
 
 
-def oracle_first_step(samples: GRPOSamples, loss_cfg: PolicyLossConfig):
+def oracle_first_step(samples: GRPOSamples, loss_cfg: PolicyLossConfig, model_type: str = "llama"):
     """Plain autograd on the whole batch, then the first AdamW step written out by hand."""
-    model = build_tiny_model()
+    model = build_tiny_model(model_type)
     mb = pad_samples(samples, list(range(len(samples))), samples.old_logprobs)
     out = sequence_logprobs(model, mb.input_ids, mb.prompt_lens, mb.response_lens, with_entropy=True)
     loss, _ = policy_loss(out.logprobs, mb.old_logprobs, mb.advantages, out.mask, loss_cfg, truncated=mb.truncated,
@@ -47,37 +47,39 @@ def oracle_first_step(samples: GRPOSamples, loss_cfg: PolicyLossConfig):
     return loss.item(), grad_norm.item(), expected
 
 
-def learner_for(zero_stage: int, **overrides) -> GRPOLearner:
+def learner_for(zero_stage: int, model_type: str = "llama", **overrides) -> GRPOLearner:
     fields = dict(zero_stage=zero_stage, lr=LR, adam_eps=ADAM_EPS, grad_clip=0.0, device=str(torch.get_default_device()), max_response_len=16, max_seq_len=32)
     fields.update(overrides)
-    return GRPOLearner(build_tiny_model(), LearnerConfig(**fields))
+    return GRPOLearner(build_tiny_model(model_type), LearnerConfig(**fields))
 
 
 @pytest.mark.parametrize(
-    "zero_stage, budget, aggregation",
+    "zero_stage, budget, aggregation, model_type",
     [
-        (0, 10_000, "token-mean"),
-        (0, SMALL_BUDGET, "token-mean"),
-        (2, SMALL_BUDGET, "token-mean"),
-        (3, SMALL_BUDGET, "token-mean"),
-        (0, SMALL_BUDGET, "seq-mean-token-mean"),
+        (0, 10_000, "token-mean", "llama"),
+        (0, SMALL_BUDGET, "token-mean", "llama"),
+        (2, SMALL_BUDGET, "token-mean", "llama"),
+        (3, SMALL_BUDGET, "token-mean", "llama"),
+        (0, SMALL_BUDGET, "seq-mean-token-mean", "llama"),
+        (3, SMALL_BUDGET, "token-mean", "qwen3"),  # query and key norms partitioned and gathered too
     ],
 )
-def test_micro_batches_accumulate_to_the_full_batch_step(zero_stage, budget, aggregation):
+def test_micro_batches_accumulate_to_the_full_batch_step(zero_stage, budget, aggregation, model_type):
     samples = with_old_logprobs(random_samples(), noise=0.3)
     loss_cfg = PolicyLossConfig(aggregation=aggregation)
     num_micro = len(micro_batch_indices(samples.sequence_lengths(), list(range(len(samples))), budget))
     assert num_micro == 1 if budget > 1000 else num_micro >= 3
-    expected_loss, expected_norm, expected = oracle_first_step(samples, loss_cfg)
+    expected_loss, expected_norm, expected = oracle_first_step(samples, loss_cfg, model_type)
 
-    learner = learner_for(zero_stage, micro_batch_tokens=budget, loss=loss_cfg)
+    learner = learner_for(zero_stage, model_type, micro_batch_tokens=budget, loss=loss_cfg)
     metrics = learner.update(samples)
     version, weights = learner.policy_state_dict()
 
     assert version == 1 and metrics["train/optimizer_steps"] == 1
     assert metrics["train/loss"] == pytest.approx(expected_loss, rel=1e-5)
     assert metrics["train/grad_norm"] == pytest.approx(expected_norm, rel=1e-4)
-    initial = build_tiny_model().state_dict()
+    initial = build_tiny_model(model_type).state_dict()
+    assert weights.keys() == initial.keys()
     largest_move = 0.0
     for name, want in expected.items():
         torch.testing.assert_close(weights[name] - initial[name], want - initial[name], rtol=1e-4, atol=1e-8)

@@ -49,8 +49,10 @@ def random_ids(vocab_size: int, batch: int, length: int, seed: int = 1) -> torch
         ("llama", {"qkv_bias": True, "num_kv_heads": 4}),
         ("qwen2", {}),
         ("qwen2", {"tie_word_embeddings": False}),
+        ("qwen3", {}),
+        ("qwen3", {"tie_word_embeddings": False, "head_dim": 8}),
     ],
-    ids=["llama", "llama-tied", "llama-bias-mha", "qwen2", "qwen2-untied"],
+    ids=["llama", "llama-tied", "llama-bias-mha", "qwen2", "qwen2-untied", "qwen3", "qwen3-untied-narrow-heads"],
 )
 def test_logits_match_transformers(model_type, overrides):
     hf, ours = tiny_pair(model_type, **overrides)
@@ -152,8 +154,9 @@ def test_bf16_matches_transformers_bf16_far_into_the_context(tmp_path):
     torch.testing.assert_close(got, expected, rtol=0, atol=0.05)
 
 
-def test_gradients_match_transformers():
-    hf, ours = tiny_pair("qwen2")  # tied embeddings and q/k/v biases: every kind of parameter
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])  # q/k/v biases; query and key norms
+def test_gradients_match_transformers(model_type):
+    hf, ours = tiny_pair(model_type)  # tied embeddings: with either, every kind of parameter
     hf.train()
     ours.train()
     ids = random_ids(ours.config.vocab_size, 2, 24)
@@ -222,6 +225,7 @@ def test_a_models_form_names_its_architecture_dtype_and_packing_not_its_weights(
     b = CausalLM(tiny_config("llama", name="b", eos_token_ids=[2]))
     assert a.form == b.form
     assert CausalLM(tiny_config("qwen2")).form != a.form
+    assert CausalLM(tiny_config("qwen3", head_dim=8)).form != CausalLM(tiny_config("llama", tie_word_embeddings=True)).form
     assert CausalLM(tiny_config("llama", rope_theta=500000.0)).form != a.form
     assert b.use_prepacked_linears().form != a.form
     assert b.use_prepacked_linears(False).form == a.form

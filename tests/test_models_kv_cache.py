@@ -9,10 +9,10 @@ from specroll.models import KVCache, build_tiny_model
 ATOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def model():
+@pytest.fixture(scope="module", params=["llama", "qwen3"])  # qwen3: keys normalised before they are cached
+def model(request):
     # A wide initialisation makes attention peaky, so a wrong cache slot changes the logits.
-    return build_tiny_model("llama", seed=3, init_std=0.2).eval()
+    return build_tiny_model(request.param, seed=3, init_std=0.2).eval()
 
 
 def random_tokens(n: int, seed: int) -> list[int]:

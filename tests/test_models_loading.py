@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specroll.models import (
+    ModelConfig,
     from_hf_state_dict,
     load_causal_lm,
     resolve_checkpoint,
@@ -48,7 +49,7 @@ def write_tiny_checkpoint(directory, hf_model, smollm2_dir) -> None:
             shutil.copy(smollm2_dir / name, directory / name)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
 def test_hf_names_round_trip(model_type):
     hf = tiny_hf_model(model_type, tie_word_embeddings=False)
     cfg = tiny_config(model_type, tie_word_embeddings=False)
@@ -59,6 +60,16 @@ def test_hf_names_round_trip(model_type):
         assert torch.equal(back[name], tensor), name
 
 
+@pytest.mark.parametrize("option, message", [({"attention_bias": True}, "qwen3 with attention_bias"),
+                                             ({"use_sliding_window": True}, "qwen3 with use_sliding_window")])
+def test_qwen3_options_our_forward_lacks_are_refused(option, message):
+    hf_config = tiny_config("qwen3").to_hf()
+    for name, value in option.items():
+        setattr(hf_config, name, value)
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf(hf_config)
+
+
 def test_missing_tensor_is_named():
     cfg = tiny_config("llama")
     state = tiny_hf_model("llama").state_dict()
@@ -67,7 +78,7 @@ def test_missing_tensor_is_named():
         from_hf_state_dict(state, cfg)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # untied and tied embeddings
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])  # untied and tied embeddings
 def test_local_directory_loads_to_the_same_logits(tmp_path, smollm2_dir, model_type):
     hf = tiny_hf_model(model_type)
     write_tiny_checkpoint(tmp_path, hf, smollm2_dir)
@@ -75,7 +86,7 @@ def test_local_directory_loads_to_the_same_logits(tmp_path, smollm2_dir, model_t
     assert tokenizer is not None
     assert model.config.name == str(tmp_path)
     assert model.config.model_type == model_type
-    assert (model.lm_head.weight is model.embed_tokens.weight) == (model_type == "qwen2")
+    assert (model.lm_head.weight is model.embed_tokens.weight) == (model_type != "llama")
     assert not any(p.is_meta for p in model.parameters())
     ids = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

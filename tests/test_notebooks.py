@@ -10,7 +10,7 @@ import ray
 from hydra import compose, initialize_config_dir
 from nbclient import NotebookClient
 
-from specroll.benchmarks.comparison import Comparison, ConcurrencyPoint, ModeRun, RolloutTrace
+from specroll.benchmarks.comparison_record import Comparison, ConcurrencyPoint, ModeRun, RolloutTrace
 from specroll.configs import load_train_config
 from specroll.models import build_tiny_model
 from specroll.rollout import GenerationStats, RolloutEngine, SamplingParams

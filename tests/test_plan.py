@@ -9,28 +9,25 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from specroll.configs import load_train_config
+from specroll.command_line import compose_train_config
 from specroll.plan import model_shape, plan_memory, shipped_architecture
 from specroll.plan.__main__ import main as plan_main
 from specroll.plan.architecture import ModelShape
 from specroll.plan.terms import activations, cache_shape, kv_cache, layer_backward, logits, model_states
-from specroll.train import conf_dir
 
 PRESETS = ("paper_gsm8k_qwen2_5_1_5b", "paper_qwen2_5_1_5b", "paper_qwen2_5_3b", "paper_qwen2_5_7b",
            "paper_llama3_1_8b", "paper_qwen2_5_14b", "paper_qwen2_5_14b_2node")
 DATA = ("gsm8k", "math_level3to5", "dapo_math")
 SHIPPED = ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
-           "Qwen/Qwen2.5-14B-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
+           "Qwen/Qwen2.5-14B-Instruct", "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-1.7B")
 # hidden 4, intermediate 8, 2 layers, 2 query heads of 2 over 1 KV head, vocabulary 16
 SMALL = ModelShape(vocab=16, hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1, head_dim=2, tied=True,
-                   qkv_bias=False)
+                   qkv_bias=False, qk_norm=False)
 
 
 def config(*overrides: str):
-    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        return load_train_config(compose("config", overrides=list(overrides)))
+    return compose_train_config(list(overrides))
 
 
 def test_model_states_by_hand():
@@ -56,16 +53,28 @@ def test_activation_logit_and_cache_terms_by_hand():
     assert kv_cache(SMALL, 3, 65, 2) == 2 * 2 * 3 * 65 * 2 * 2
 
 
+def test_query_and_key_norms_by_hand():
+    qwen3 = SMALL._replace(qk_norm=True)
+    # a weight of head_dim 2 for each of the two norms, in each of the 2 layers
+    assert qwen3.params - SMALL.params == 2 * 2 * 2
+    # each norm keeps its float32 input, normalised value and output (bf16) over q (4) and k (2)
+    assert activations(qwen3, 10, 2, checkpointing=False) - activations(SMALL, 10, 2, checkpointing=False) == (
+        10 * 2 * (4 + 2 * 2) * (4 + 2))
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_architectures_count_the_published_parameters(name):
     from transformers import AutoConfig
     published = {"Qwen/Qwen2.5-1.5B-Instruct": 1.54e9, "Qwen/Qwen2.5-3B-Instruct": 3.09e9,
                  "Qwen/Qwen2.5-7B-Instruct": 7.62e9, "Qwen/Qwen2.5-14B-Instruct": 14.77e9,
-                 "meta-llama/Llama-3.1-8B-Instruct": 8.03e9}
+                 "meta-llama/Llama-3.1-8B-Instruct": 8.03e9, "Qwen/Qwen3-1.7B": 2.03e9}
+    # The hub counts what the safetensors hold; Qwen3-1.7B's hold its tied LM head a second time.
+    stored_head = {"Qwen/Qwen3-1.7B"}
     folder = shipped_architecture(name)
-    assert folder is not None and AutoConfig.from_pretrained(folder).model_type in ("qwen2", "llama")
+    assert folder is not None and AutoConfig.from_pretrained(folder).model_type in ("qwen2", "llama", "qwen3")
     shape = model_shape(config(f"model.name={name}").model)
-    assert shape.params == pytest.approx(published[name], rel=0.005)
+    stored = shape.params + (shape.vocab * shape.hidden if name in stored_head else 0)
+    assert stored == pytest.approx(published[name], rel=0.005)
 
 
 @pytest.mark.parametrize("name", SHIPPED)

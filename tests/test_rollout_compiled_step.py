@@ -202,12 +202,12 @@ def test_compiled_step_generates_what_the_eager_step_does(model):
 @pytest.mark.compile
 def test_compiled_engines_of_models_of_other_forms_generate_their_own_tokens():
     """Compiled steps skip dynamo's guards on modules, so a graph traced for one model must not
-    serve a model of another form (`specialise`): a Qwen2 model the Llama one's size, compiled
-    after it in the same process, compiles its own graph and generates what it does eagerly (it ran
-    the Llama graph before)."""
+    serve a model of another form (`specialise`): a Qwen2 and a Qwen3 model the Llama one's size,
+    compiled after it in the same process, compile their own graphs and generate what they do
+    eagerly (they ran the Llama graph before)."""
     torch._dynamo.reset()
     params = SamplingParams(temperature=0.0, max_new_tokens=16, n=2)
-    for model_type in ("llama", "qwen2"):
+    for model_type in ("llama", "qwen2", "qwen3"):
         model = build_tiny_model(model_type, seed=2, num_layers=2, init_std=0.2)
         compiled = RolloutEngine(model, compile=True).generate(PROMPTS, params)
         assert compiled.stats.compiles >= 1, model_type  # not dynamo's eager fallback either

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specroll.models import build_tiny_model
+from specroll.models import build_tiny_model, to_hf_state_dict
 from specroll.rollout import RolloutEngine, SamplingParams
 
 EOS_IDS = (1, 2, 3)
@@ -41,6 +41,20 @@ def test_smollm2_greedy_equals_transformers_generate(smollm2, smollm2_dir, gsm8k
         # transformers stops at EOS too; both keep the EOS token.
         assert out.token_ids[i] == expected, f"prompt {i} diverges"
         assert out.finish_reasons[i] == ("stop" if expected[-1] in model.config.eos_token_ids else "length")
+
+
+def test_tiny_qwen3_greedy_equals_transformers_generate():
+    model = build_tiny_model("qwen3", seed=1, init_std=0.2, eos_token_ids=[1]).eval()
+    hf = AutoModelForCausalLM.from_config(model.config.to_hf(), dtype=torch.float32).eval()
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(model.state_dict(), model.config), strict=False)
+    assert (missing, unexpected) == (["lm_head.weight"], [])  # tied to the embeddings, loaded with them
+    out = RolloutEngine(model).generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=24))
+    for i, prompt in enumerate(PROMPTS):
+        ids = torch.tensor([prompt])
+        expected = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
+                               pad_token_id=0)[0, len(prompt):].tolist()
+        assert out.token_ids[i] == expected, f"prompt {i} diverges"
+    assert len(set(map(tuple, out.token_ids))) == len(PROMPTS)
 
 
 def test_finish_reasons_follow_eos_stop_ids_and_the_length_cap(engine):

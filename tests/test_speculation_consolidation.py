@@ -16,7 +16,7 @@ from specroll.speculation.adaptation.consolidation import (
     held_out_fit,
     records_batch,
 )
-from specroll.speculation.adaptation.drift import DriftConfig
+from specroll.speculation.adaptation.drift_detector import DriftConfig
 from specroll.speculation.head_training.samples import SampleConfig, collect_samples
 from specroll.speculation.head_training.training import HeadTrainConfig, train_heads
 

@@ -10,6 +10,7 @@ from specroll.actors import RolloutActor
 from specroll.configs import load_train_config
 from specroll.data import load_problems
 from specroll.learner.checkpoint import DRAFT_HISTORY_FILE
+from specroll.rollout.decoder import DecoderCheckpoint
 from specroll.train import run_training
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -29,15 +30,17 @@ def test_a_rollout_actor_keeps_its_responses_and_takes_them_back_from_a_file(tmp
     actor = RolloutActor(cfg, index=0)
     problems = load_problems("synthetic", synthetic=cfg.data.synthetic)[:2]
     out = actor.generate(0, None, list(enumerate(problems)))
-    state = actor.draft_history_state()
+    state = actor.decoder_checkpoint().draft_history
     texts = [tokens for _, _, tokens in state["texts"]]
     assert len(texts) == 4 and [t[3:] for t in texts] == out.response_ids  # prompt tail, then the response
     torch.save([state], tmp_path / "draft_history.pt")
     fresh = RolloutActor(cfg, index=1)
-    fresh.load_draft_history_state(torch.load(tmp_path / "draft_history.pt", weights_only=True)[0])
-    assert fresh.draft_history_state() == state
+    fresh.load_decoder_checkpoint(DecoderCheckpoint(draft_history=torch.load(tmp_path / "draft_history.pt",
+                                                                             weights_only=True)[0]))
+    assert fresh.decoder_checkpoint().draft_history == state
     fresh.generate(1, None, list(enumerate(problems)))  # the same prompts again: their history grows
-    assert fresh.draft_history_state()["texts"][:4] == state["texts"] and fresh.draft_history_state()["next_text"] == 8
+    grown = fresh.decoder_checkpoint().draft_history
+    assert grown["texts"][:4] == state["texts"] and grown["next_text"] == 8
 
 
 def test_each_rollout_actor_resumes_its_draft_history(ray_cluster, tmp_path):
@@ -50,7 +53,7 @@ def test_each_rollout_actor_resumes_its_draft_history(ray_cluster, tmp_path):
     held = {}
     resumed = run_training(config(tmp_path, ["total_steps=3"]),
                            on_step_end=lambda step, metrics, actors: held.update(
-                               enumerate(actors.rollout_call("draft_history_state"))))
+                               enumerate(k.draft_history for k in actors.decoder_checkpoints())))
     assert resumed.first_step == 2
     for before, after in zip(saved, (held[0], held[1])):
         assert after["texts"][:4] == before["texts"] and len(after["texts"]) == 6

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from specroll.speculation.adaptation.drift import (
+from specroll.speculation.adaptation.drift_detector import (
     DriftConfig,
     DriftDetector,
     HeadTelemetry,

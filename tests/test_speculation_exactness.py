@@ -1,11 +1,11 @@
 """Statistical exactness of speculative rollouts, every token at every tree depth (docs/algorithm.md, section 2).
 
-A tiny model with an 8-token vocabulary generates thousands of 24-token responses to three
-prompts of different lengths in one batch, with trees deep enough that many verify steps
-accept 2, 3 and 4 drafts. Every kept token is tested against its exact conditional given its
-true prefix, computed apart from the code under test (transformers' forward of the same
-weights, a hand-written sampling filter): see `exactness.py` for the statistics. Test-only
-acceptance rules with subtle biases (negative controls) must fail the same tests.
+A tiny model (a Llama, and a Qwen3 with its query/key norms) with an 8-token vocabulary generates
+thousands of 24-token responses to three prompts of different lengths in one batch, with trees
+deep enough that many verify steps accept 2, 3 and 4 drafts. Every kept token is tested against
+its exact conditional given its true prefix, computed apart from the code under test
+(transformers' forward of the same weights, a hand-written sampling filter): see `exactness.py`
+for the statistics. Test-only acceptance rules with subtle biases (negative controls) must fail the same tests.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens, sampling
 from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.adaptation.consolidation import ConsolidationConfig, HeadConsolidator
-from specroll.speculation.adaptation.drift import DriftConfig
+from specroll.speculation.adaptation.drift_detector import DriftConfig
 from specroll.speculation.adaptation.reflex import ReflexConfig
 from specroll.speculation.budgets import tree_gate
 from specroll.speculation.drafting.tree import DraftTree
@@ -44,9 +44,15 @@ PROMPTS = [[3, 5, 2], [2, 6], [4, 4, 7, 3, 0, 5]]
 PASS_P, FAIL_P = 1e-4, 1e-6
 
 
-@pytest.fixture(scope="module")
-def model():
-    return build_tiny_model(vocab_size=VOCAB, eos_token_ids=[EOS], init_std=0.2, seed=3).requires_grad_(False)
+# The architectures the tests run on (Qwen3: query/key norms, heads wider than hidden / heads), and
+# each setting's `min_deep_share` times this: the tiny Qwen3's trained heads reach depths 2-4 less
+# often than the Llama's (22% of its tokens at T=0.7 with 16 nodes, 3% as rows finish).
+DEEP_SHARE_SCALE = {"llama": 1.0, "qwen3": 0.4}
+
+
+@pytest.fixture(scope="module", params=sorted(DEEP_SHARE_SCALE))
+def model(request):
+    return build_tiny_model(request.param, vocab_size=VOCAB, eos_token_ids=[EOS], init_std=0.2, seed=3).requires_grad_(False)
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +231,7 @@ def rollouts(model, oracle, heads):
 
 
 @pytest.mark.parametrize("name", tiered(SETTINGS, QUICK))
-def test_every_speculative_token_follows_the_policy(rollouts, name, record_property):
+def test_every_speculative_token_follows_the_policy(model, rollouts, name, record_property):
     out, dec = rollouts(name)
     pvalues = exactness_pvalues(dec, NUM_HEADS)
     by_depth = np.bincount(dec.depth, minlength=NUM_HEADS + 1)
@@ -239,7 +245,8 @@ def test_every_speculative_token_follows_the_policy(rollouts, name, record_prope
     np.testing.assert_allclose(dec.logprobs, reference_lp, atol=1e-4)
     setting = SETTINGS[name]
     # Deep paths are exercised where the heads are good: decisions at depth 2-4 emitted a large share.
-    assert by_depth[2:].sum() >= setting.min_deep_share * len(dec.tokens), by_depth
+    min_deep_share = setting.min_deep_share * DEEP_SHARE_SCALE[model.config.model_type]
+    assert by_depth[2:].sum() >= min_deep_share * len(dec.tokens), by_depth
     if setting.heads.endswith("random"):
         tree = out.stats.tree
         assert tree.tokens_per_step_hist.get(1, 0) > 0.3 * tree.verify_steps  # rejections are exercised

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from specroll.benchmarks.comparison import Comparison, ConcurrencyPoint, ModeRun, RolloutTrace, load_comparison
+from specroll.benchmarks.comparison_record import Comparison, ConcurrencyPoint, ModeRun, RolloutTrace, load_comparison
 from specroll.configs import LoggerSection
 from specroll.telemetry import MetricsLogger, plots
 from specroll.telemetry import metric_names as m

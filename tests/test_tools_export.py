@@ -1,4 +1,4 @@
-"""Hugging Face models in and out: a user's tiny Llama or Qwen2 directory (random, built from a
+"""Hugging Face models in and out: a user's tiny Llama, Qwen2 or Qwen3 directory (random, built from a
 config) is the policy, is trained one step and checkpointed with draft heads; `python -m
 specroll.tools.export` makes a directory that transformers loads and greedy-decodes as our engine
 does, with the heads beside it, where the speculative decoder finds them."""
@@ -31,7 +31,7 @@ def user_model_dir(tmp_path: Path, model_type: str, tokenizer) -> Path:
     return export_hf(model, model.config, tokenizer, tmp_path / f"user-{model_type}")
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
 def test_a_trained_policy_exports_to_transformers_and_decodes_as_our_engine(tmp_path, smollm2_dir, model_type):
     user_dir = user_model_dir(tmp_path, model_type, AutoTokenizer.from_pretrained(smollm2_dir))
     section = ModelSection(name=str(user_dir), device="cpu")
@@ -50,12 +50,16 @@ def test_a_trained_policy_exports_to_transformers_and_decodes_as_our_engine(tmp_
     out = tmp_path / "exported"
     export_main([str(tmp_path / "run"), str(out)])
     hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    assert type(hf).__name__ == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[model_type]
+    assert type(hf).__name__ == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                                 "qwen3": "Qwen3ForCausalLM"}[model_type]
     assert GenerationConfig.from_pretrained(out).eos_token_id == tokenizer.eos_token_id
     assert AutoTokenizer.from_pretrained(out).chat_template == tokenizer.chat_template
     ours, ours_tokenizer = load_causal_lm(str(out))
     changed = [k for k, v in ours.state_dict().items() if k in before and not torch.equal(v, before[k])]
     assert changed, "the exported policy is the trained one, not the user's start"
+    with torch.no_grad():
+        ids = torch.tensor([prompts[0]])
+        torch.testing.assert_close(ours(ids).logits, hf(ids).logits, rtol=0, atol=1e-4)
 
     params = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS)
     expected = []

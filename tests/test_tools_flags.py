@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import specroll
-from specroll.learner.sft import SFTConfig
+from specroll.learner.sft_trainer import SFTConfig
 from specroll.speculation.head_training.samples import SampleConfig
 from specroll.speculation.head_training.training import HeadTrainConfig
 from specroll.tools.flags import DEFAULT_MODEL, add_config_arguments, config_from_args, field_docs

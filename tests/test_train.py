@@ -19,13 +19,14 @@ from omegaconf import OmegaConf
 from specroll.actors import ActorFailedError
 from specroll.configs import load_train_config
 from specroll.data import PromptStream, load_problems
-from specroll.learner import CheckpointDamagedError, GRPOLearner, LearnerConfig, latest_checkpoint, save_checkpoint
+from specroll.learner import GRPOLearner, LearnerConfig, latest_checkpoint, save_checkpoint
 from specroll.models import build_tiny_model
 from specroll.preflight import PreflightError
 from specroll.run_owner import OWNER_NAME
+from specroll.run_report import describe
 from specroll.telemetry import metric_names as m
 from specroll.tools.compare_runs import main as compare_main
-from specroll.train import checkpoint_to_resume, describe, errors_as_messages, run_training
+from specroll.train import run_training
 from wandb_records import wandb_history
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,22 +159,6 @@ def test_limits_of_the_model_fail_before_any_actor_starts_naming_the_field(tmp_p
     assert not (tmp_path / "run").exists()
 
 
-def test_resume_passes_over_a_damaged_checkpoint_only_when_auto(tmp_path):
-    checkpoints = tmp_path / "run" / "checkpoints"
-    learner = GRPOLearner(build_tiny_model(), LearnerConfig(device="cpu"))
-    older, newest = (save_checkpoint(learner, checkpoints, step=step) for step in (1, 2))
-    model_states = newest / "deepspeed" / "mp_rank_00_model_states.pt"
-    model_states.write_bytes(model_states.read_bytes()[:100])
-
-    with pytest.warns(UserWarning, match="step_00000002 is damaged: deepspeed/mp_rank_00_model_states.pt has 100 bytes"):
-        assert checkpoint_to_resume(config(tmp_path, []), checkpoints) == older
-    with pytest.raises(CheckpointDamagedError, match="step_00000002 is damaged: deepspeed/mp_rank_00_model_states.pt"):
-        checkpoint_to_resume(config(tmp_path, [f"resume={newest}"]), checkpoints)
-    (older / "state.json").unlink()
-    with pytest.warns(UserWarning), pytest.raises(ValueError, match="resume=auto: no checkpoint under .* is intact"):
-        checkpoint_to_resume(config(tmp_path, []), checkpoints)
-
-
 def damaged_checkpoint(checkpoints: Path) -> Path:
     saved = save_checkpoint(GRPOLearner(build_tiny_model(), LearnerConfig(device="cpu")), checkpoints, step=1)
     model_states = saved / "deepspeed" / "mp_rank_00_model_states.pt"
@@ -201,19 +186,6 @@ def test_a_failed_resume_prints_the_error_alone_and_exits_non_zero(tmp_path):
     assert "Traceback" in result.stderr and "specroll.learner.checkpoint.CheckpointDamagedError" in result.stderr
 
 
-def test_a_dead_actor_is_reported_as_its_message(monkeypatch):
-    failure = ActorFailedError("rollout actor 1 died during load_policy: killed\n  run again with resume=auto")
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    with pytest.raises(SystemExit) as exited, errors_as_messages("error"):
-        raise failure
-    assert exited.value.code == f"error: {failure}" and exited.value.__cause__ is None
-    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
-    with pytest.raises(ActorFailedError), errors_as_messages("error"):
-        raise failure
-    with pytest.raises(KeyError), errors_as_messages("error"):  # an unnamed error (a bug) keeps its traceback
-        raise KeyError("x")
-
-
 # Records every step. On the smoke run's random, near-uniform policy an update has nothing to
 # learn, so whether held-out responses keep it is chance: publishing a kept update to every
 # rollout actor is tested in test_actors.py; here, that every actor holds what was published.
@@ -227,7 +199,7 @@ def test_head_updates_reach_the_rollout_actors_and_resume_keeps_the_detector(ray
     seen = []
 
     def heads_held(step, metrics, actors):
-        seen.append((metrics, [v.heads for v in actors.rollout_call("versions")]))
+        seen.append((metrics, [v.heads for v in actors.rollout_versions()]))
 
     run_training(config(tmp_path, [*SLOW, "rollout.speculation.adaptation=every_step", "total_steps=2"]), on_step_end=heads_held)
     (first, held_after_0), (second, held_after_1) = seen

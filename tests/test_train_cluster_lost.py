@@ -10,7 +10,8 @@ from hydra import compose, initialize_config_dir
 from ray.cluster_utils import Cluster
 
 from specroll.configs import load_train_config
-from specroll.train import TRAIN, errors_as_messages, run_training
+from specroll.command_line import errors_as_messages
+from specroll.train import TRAIN, run_training
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 pytestmark = pytest.mark.ray  # clusters of its own, one of them lost

@@ -23,7 +23,8 @@ from ray.cluster_utils import Cluster
 from specroll.configs import load_train_config
 from specroll.learner import latest_checkpoint
 from specroll.learner.lineage import ABANDONED, complete_checkpoints
-from specroll.train import GENERATE, HEAD_UPDATE, SAVE, TRAIN, WEIGHT_SYNC, errors_as_messages, run_training
+from specroll.command_line import errors_as_messages
+from specroll.train import GENERATE, HEAD_UPDATE, SAVE, TRAIN, WEIGHT_SYNC, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -45,7 +46,7 @@ MATRIX = [
     ("learner rank 0", WEIGHT_SYNC, "learner rank 0 died during sync_policy"),
     ("learner rank 0", TRAIN, "learner rank 0 died during train"),
     ("learner rank 0", SAVE, "learner rank 0 died during save_checkpoint"),
-    (CONSOLIDATION, GENERATE, f"{CONSOLIDATION} died during consolidate"),  # it takes drift records unawaited
+    (CONSOLIDATION, GENERATE, f"{CONSOLIDATION} died during consolidate"),  # rollout actors never call it
     (CONSOLIDATION, WEIGHT_SYNC, f"{CONSOLIDATION} died during sync_policy"),
     (CONSOLIDATION, HEAD_UPDATE, f"{CONSOLIDATION} died during consolidate"),
     (CONSOLIDATION, SAVE, f"{CONSOLIDATION} died during save_checkpoint"),  # not the learner whose save waited

@@ -19,12 +19,13 @@ import pytest
 import ray
 from hydra import compose, initialize_config_dir
 
+from specroll.actors.ray_cluster import connect_ray
 from specroll.actors.remote_calls import ActorFailedError, gather
 from specroll.configs import ClusterSection, load_train_config
 from specroll.preflight import PreflightError, preflight
 from specroll.run_dir import SeesRunDir, unwritable, write_run_token
 from specroll.run_owner import RunDirOwnedError, release_ownership, take_ownership
-from specroll.train import connect_ray, errors_as_messages, run_training
+from specroll.train import run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKOUT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -327,13 +328,3 @@ def test_a_local_run_listens_on_the_loopback_address_only(tmp_path):
                                            "cluster.weight_sync=collective"]), on_step_end=after_step)
     processes, exposed = seen[0]
     assert processes > 5 and exposed == []
-
-
-@pytest.mark.parametrize("error", [PermissionError(13, "Permission denied", "/runs/x/metrics.jsonl"),
-                                   ConnectionError("cannot reach the Ray cluster at 10.0.0.1:6379 (...)"),
-                                   FileNotFoundError(2, "No such file or directory", "ray")])
-def test_rough_errors_leave_as_their_one_line(monkeypatch, error):
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
-    with pytest.raises(SystemExit) as exited, errors_as_messages("error"):
-        raise error
-    assert exited.value.code == f"error: {error}" and "\n" not in exited.value.code

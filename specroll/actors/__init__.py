@@ -1,6 +1,6 @@
 """Ray actors of a training run (rollout, learner, head consolidation) and the driver's view of them."""
 from .batch import Rollouts, prompt_key, split_groups
-from .head_consolidation_actor import DriftRecord, HeadConsolidationActor
+from .head_consolidation_actor import HeadConsolidationActor
 from .learner_actor import LearnerActor, LearnerUpdate
 from .placement import actor_device, as_remote
 from .remote_calls import ActorFailedError, ActorTimeoutError, ClusterLostError, gather
@@ -11,7 +11,6 @@ __all__ = [
     "ActorFailedError",
     "ActorTimeoutError",
     "ClusterLostError",
-    "DriftRecord",
     "HeadConsolidationActor",
     "LearnerActor",
     "LearnerUpdate",

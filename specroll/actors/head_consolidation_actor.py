@@ -1,11 +1,10 @@
-"""The head-consolidation actor: current draft heads (versioned), drift telemetry, the slow path.
+"""The head-consolidation actor: current draft heads (versioned) and the slow path.
 
-Rollout actors send it one `DriftRecord` per step without waiting. It holds the heads every
-rollout actor should draft with, and a new version reaches all of them through one object in
-the object store. With a slow-path adaptation (`rollout.speculation.adaptation` slow, both or
-every_step) the driver hands it each step's head telemetry and matured records
-(`consolidate`), which it gives to a `HeadConsolidator` (speculation/adaptation/consolidation.py): drift
-detection and, when triggered, a head-only update on the current policy's frozen LM head and
+It holds the heads every rollout actor should draft with, and a new version reaches all of them
+through one object in the object store. With a slow-path adaptation (`rollout.speculation.adaptation`
+slow, both or every_step) the driver hands it each step's drift telemetry and matured records
+from every rollout actor (`consolidate`), which it gives to a `HeadConsolidator`
+(speculation/adaptation/consolidation.py): drift detection and, when triggered, a head-only update on the current policy's frozen LM head and
 embeddings, broadcast as a new head version when held-out records confirm it. The driver calls
 `consolidate` before the learner's update and collects its report after, so the update
 overlaps training.
@@ -13,7 +12,6 @@ overlaps training.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
@@ -22,11 +20,10 @@ import torch
 
 from specroll.models.flat_weights import FlatWeights, view
 from specroll.models.weight_buckets import Bucket, BucketPlan
-from specroll.rollout.stats import TreeStats
 from specroll.run_dir import SeesRunDir
 from specroll.speculation import HorizonHeads, SpeculationConfig
 from specroll.speculation.adaptation.consolidation import HeadConsolidator
-from specroll.speculation.adaptation.drift import merge_telemetry
+from specroll.speculation.adaptation.drift_detector import merge_telemetry
 from specroll.speculation.adaptation.head_records import HeadRecords
 from specroll.speculation.adaptation.replay import cat_records
 from specroll.speculation.drafting.heads_state import HeadsState
@@ -36,43 +33,6 @@ from .placement import actor_device
 from .remote_calls import gather
 from .rendezvous import MasterAddress
 from .sync_group import MemberDevice, SyncGroup, member_device
-
-HISTORY_SIZE = 4096  # drift records kept; ~100 bytes each
-
-
-@dataclass(frozen=True)
-class DriftRecord:
-    """How one rollout actor's draft heads fared in one step: a few numbers, sent every step."""
-
-    actor_index: int
-    step: int
-    policy_version: int
-    head_version: int
-    verify_steps: int
-    tokens_per_step: float  # tokens kept per response per verify pass
-    acceptance_by_depth: tuple[float, ...]  # accepted share of drafts that reached each tree depth
-    budget_mean: float  # tree nodes per response (root included) over verify passes; 0 without any
-    budget_min: int
-    budget_max: int
-
-    @classmethod
-    def from_stats(cls, stats: TreeStats, actor_index: int, step: int, policy_version: int,
-                   head_version: int) -> "DriftRecord":
-        """From the tree stats of one speculative `RolloutEngine.generate`."""
-        budgets = stats.budget_per_step
-        return cls(
-            actor_index=actor_index,
-            step=step,
-            policy_version=policy_version,
-            head_version=head_version,
-            verify_steps=int(stats.verify_steps),
-            tokens_per_step=float(stats.tokens_per_step_mean),
-            acceptance_by_depth=tuple(float(a) for a in stats.acceptance_by_depth),
-            budget_mean=sum(budgets) / len(budgets) if budgets else 0.0,
-            budget_min=min(budgets, default=0),
-            budget_max=max(budgets, default=0),
-        )
-
 
 @dataclass(frozen=True)
 class ConsolidationReport:
@@ -126,17 +86,15 @@ class HeadsStepStats:
 
 
 class HeadConsolidationActor(SeesRunDir):
-    """Holds the current `HeadsState`, keeps the latest drift records, pushes heads to rollout
-    actors, and runs the slow path when the run's adaptation has one.
+    """Holds the current `HeadsState`, pushes heads to rollout actors, and runs the slow path on
+    the head records the driver hands it (`consolidate`) when the run's adaptation has one.
 
-    Rollout actors never wait on this actor (they send telemetry without waiting for an
-    answer), so its waiting on them for a broadcast cannot deadlock.
+    Rollout actors never call this actor, so its waiting on them for a broadcast cannot deadlock.
     """
 
-    def __init__(self, timeout_s: float, spec: SpeculationConfig | None = None, history_size: int = HISTORY_SIZE) -> None:
+    def __init__(self, timeout_s: float, spec: SpeculationConfig | None = None) -> None:
         self.timeout_s = timeout_s
         self.spec = spec if spec is not None and spec.uses_slow_path else None
-        self.records: deque[DriftRecord] = deque(maxlen=history_size)
         self.current: HeadsState | None = None  # what every rollout actor drafts with; no slow-path state
         self.consolidator: HeadConsolidator | None = None
         self.policy: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (version, LM head, embeddings)
@@ -150,13 +108,6 @@ class HeadConsolidationActor(SeesRunDir):
     def attach(self, rollout_actors: list) -> None:
         """The rollout actors that receive every head version from now on."""
         self.rollout_actors = list(rollout_actors)
-
-    def record(self, record: DriftRecord) -> None:
-        self.records.append(record)
-
-    def drift_history(self) -> list[DriftRecord]:
-        """The kept drift records, oldest first."""
-        return list(self.records)
 
     def set_heads(self, heads: HeadsState) -> int:
         """Adopt `heads` as they are (the run's initial heads, or a checkpoint's with the slow path's

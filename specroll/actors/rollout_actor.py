@@ -1,16 +1,16 @@
 """The rollout actor: a policy replica with draft heads and the speculative engine.
 
-Per step it generates `rollout.n` responses to each prompt of its shard, scores them, returns
-`Rollouts`, and sends the head-consolidation actor a `DriftRecord`. With `rollout=fastgrpo` it
-then trains its FastGRPO drafter on the responses it just generated (online draft learning,
-paid for inside the step, as FastGRPO does). Policy weights and head
-weights arrive through their own calls, each with a version; Ray runs an actor's calls one at
-a time, so weights never change during a generate call, and a generate call names the policy
-version it expects, so a replica that missed an update refuses rather than mixing versions.
+Per step it generates `rollout.n` responses to each prompt of its shard, scores them, has its
+decoder learn from them (history lookup keeps them; a FastGRPO drafter trains on them online,
+paid for inside the step, as FastGRPO does) and returns `Rollouts`, with the slow path's head
+records. It asks its decoder only what `decoders.RolloutDecoder` offers, whatever the mode.
+Policy weights and head weights arrive through their own calls, each with a version; Ray runs
+an actor's calls one at a time, so weights never change during a generate call, and a generate
+call names the policy version it expects, so a replica that missed an update refuses rather
+than mixing versions.
 """
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, replace
 
@@ -18,19 +18,17 @@ import torch
 
 from specroll.configs import TrainConfig, validate_against_model
 from specroll.data import Problem, format_prompt, score_responses
-from specroll.decoders import build_decoder
+from specroll.decoders import RolloutDecoder, build_decoder
 from specroll.eval.evaluation import EvalPlan, ProblemEval, evaluate_problems
-from specroll.fastgrpo.online import OnlineDrafterLearner
 from specroll.learner import GRPOSamples, pad_samples, sequence_logprobs
 from specroll.models.flat_weights import FlatWeights
 from specroll.models.weight_buckets import BucketPlan, unpack_bucket
 from specroll.rollout import GenerationStats, RolloutEngine
+from specroll.rollout.decoder import DecoderCheckpoint
 from specroll.run_dir import SeesRunDir
-from specroll.speculation import HorizonHeads
 from specroll.speculation.drafting.heads_state import HeadsState
 
 from .batch import Rollouts, prompt_key
-from .head_consolidation_actor import DriftRecord
 from .placement import actor_device, model_cache, use_cpus
 from .rendezvous import MasterAddress
 from .sync_group import MemberDevice, SyncGroup, member_device
@@ -50,34 +48,26 @@ class RolloutActor(SeesRunDir):
 
     Args:
         cfg: the run's config (model, rollout, data.reward, seed, cluster resources).
-        index: this actor's number, used in errors and telemetry.
-        consolidation: the head-consolidation actor's handle, or None (no drift telemetry).
+        index: this actor's number, used in errors and telemetry (and in the seed of what its decoder learns).
     """
 
-    def __init__(self, cfg: TrainConfig, index: int, consolidation=None) -> None:
+    def __init__(self, cfg: TrainConfig, index: int) -> None:
         use_cpus(cfg.cluster.cpus_per_rollout_actor)
-        self.cfg, self.index, self.consolidation = cfg, index, consolidation
+        self.cfg, self.index = cfg, index
         model, tokenizer = replace(cfg.model, device=actor_device(cfg.model.device)).load(cfg.seed, model_cache(cfg))
         validate_against_model(cfg, model.config.max_position_embeddings)
         if tokenizer is None:
             raise ValueError("model.tokenizer must be set: prompts are formatted and responses scored as text")
         self.model, self.tokenizer = model, tokenizer
-        self.engine = RolloutEngine(model, tokenizer, build_decoder(model, cfg.rollout),
-                                    sync_every=cfg.rollout.sync_every)
+        self.decoder: RolloutDecoder = build_decoder(model, cfg.rollout, seed=cfg.seed + index)
+        self.engine = RolloutEngine(model, tokenizer, self.decoder, sync_every=cfg.rollout.sync_every)
         self.policy_version: int | None = None  # the initial weights are not a learner version yet
         self.sync: SyncGroup | None = None  # its end of the weight-sync group (weight_sync=collective)
         self.threads = phase_threads(cfg.cluster, node_cores()).rollout  # while generating
         self.last_stats: GenerationStats | None = None  # the last generate call's engine stats
-        online = cfg.rollout.fastgrpo.online
-        self.drafter_learner = (OnlineDrafterLearner(self.engine.decoder.drafter, model, online, seed=cfg.seed + index)
-                                if cfg.rollout.mode == "fastgrpo" and online.enabled else None)
-
-    @property
-    def heads(self) -> HorizonHeads | None:
-        return self.engine.decoder.heads if self.cfg.rollout.speculates else None
 
     def versions(self) -> ReplicaVersions:
-        return ReplicaVersions(self.policy_version, None if self.heads is None else self.heads.version)
+        return ReplicaVersions(self.policy_version, self.decoder.heads_version)
 
     def load_policy(self, version: int, weights: FlatWeights) -> int:
         """Replace all policy weights with the learner's `version`, in place (read from the object store without a copy)."""
@@ -106,52 +96,24 @@ class RolloutActor(SeesRunDir):
 
     def heads_state(self) -> HeadsState | None:
         """The draft heads, copied to the CPU; None without horizon heads."""
-        if self.heads is None:
-            return None
-        state = {k: v.detach().to("cpu", copy=True) for k, v in self.heads.state_dict().items()}
-        return HeadsState(self.heads.version, state, self.heads.meta())
+        return self.decoder.heads_state()
 
     def set_heads(self, heads: HeadsState) -> int:
         """Draft with `heads` from the next generate call on; an older version is ignored. Returns the version held."""
-        current = self.heads
-        if current is None:
-            raise ValueError("rollout.mode is 'vanilla': this actor has no draft heads")
-        if heads.version < current.version:
-            return current.version
-        updated = copy.deepcopy(current)
-        updated.load_state_dict(heads.state)
-        updated.version = heads.version
-        self.engine.decoder.set_heads(updated)
-        return heads.version
+        return self.decoder.load_heads(heads)
 
     def last_rollout_stats(self) -> GenerationStats | None:
         """The engine stats of the last generate call (per decode step: `active_rows_per_step`, and
         `tree.budget_per_step` when drafting), for benchmarks; None before any."""
         return self.last_stats
 
-    def drafter_state(self) -> dict | None:
-        """The FastGRPO drafter's online-learning state (weights, optimiser) on the CPU; None without one."""
-        return None if self.drafter_learner is None else self.drafter_learner.state_dict()
+    def decoder_checkpoint(self) -> DecoderCheckpoint:
+        """What a run checkpoint keeps of its decoder (an online drafter, history lookup's responses), on the CPU."""
+        return self.decoder.checkpoint_state()
 
-    def load_drafter_state(self, state: dict) -> None:
-        """Resume online learning from `drafter_state()`'s output (a checkpoint's)."""
-        if self.drafter_learner is None:
-            raise ValueError("this rollout actor learns no FastGRPO drafter online (rollout.mode, rollout.fastgrpo.online)")
-        self.drafter_learner.load_state_dict(state)
-
-    def draft_history_state(self) -> dict | None:
-        """The earlier responses history lookup keeps, per prompt, as plain lists; None when it is off."""
-        return self.engine.decoder.suffix.history_state() if self.keeps_draft_history else None
-
-    def load_draft_history_state(self, state: dict) -> None:
-        """Resume history lookup from `draft_history_state()`'s output (a checkpoint's)."""
-        if not self.keeps_draft_history:
-            raise ValueError("this rollout actor keeps no draft history (rollout.mode, rollout.speculation.history_lookup)")
-        self.engine.decoder.suffix.load_history_state(state)
-
-    @property
-    def keeps_draft_history(self) -> bool:
-        return self.cfg.rollout.speculates and self.cfg.rollout.speculation.history_lookup
+    def load_decoder_checkpoint(self, state: DecoderCheckpoint) -> None:
+        """Resume its decoder from `decoder_checkpoint()`'s output (a checkpoint's)."""
+        self.decoder.load_checkpoint_state(state)
 
     def generate(self, step: int, policy_version: int, problems: list[tuple[int, Problem]]) -> Rollouts:
         """Responses to `problems` (each with its index in the step's batch) and their rewards."""
@@ -168,30 +130,17 @@ class RolloutActor(SeesRunDir):
         out = self.engine.generate(prompts, params, prompt_keys=[prompt_key(step, i) for i, _ in problems])
         generated = time.perf_counter()
         self.last_stats = out.stats
-        if self.keeps_draft_history:
-            self.engine.decoder.remember_responses(prompts, out.token_ids, params.n)
         texts = self.tokenizer.batch_decode(out.token_ids, skip_special_tokens=True)
         golds = [problem.answer for _, problem in problems for _ in range(params.n)]
         scores = score_responses(texts, golds, self.cfg.data.reward)
-        head_version = None if self.heads is None else self.heads.version
-        decoder = self.engine.decoder
-        records = self.cfg.rollout.speculates and decoder.collects_head_records
-        head_records = [decoder.pop_head_records()] if records else []
-        if self.consolidation is not None and head_version is not None:
-            # Not waited on: telemetry must never stall rollouts.
-            self.consolidation.record.remote(
-                DriftRecord.from_stats(out.stats.tree, self.index, step, policy_version, head_version))
         scored = time.perf_counter()
-        drafter_updates = []
-        if self.drafter_learner is not None:
-            data = decoder.pop_training_data(out.token_ids)
-            if data is not None:
-                drafter_updates.append(self.drafter_learner.update(data))
+        self.decoder.learn_from_responses(prompts, out.token_ids, params.n)
+        head_records, drafter_update = self.decoder.pop_head_records(), self.decoder.pop_drafter_update()
         return Rollouts(
             step=step,
             group_size=params.n,
             policy_version=policy_version,
-            head_version=head_version,
+            head_version=self.decoder.heads_version,
             prompt_indices=[i for i, _ in problems],
             prompt_ids=prompts,
             response_ids=out.token_ids,
@@ -200,8 +149,8 @@ class RolloutActor(SeesRunDir):
             rewards=[score.reward for score in scores],
             correct=[score.correct for score in scores],
             engine_stats=[out.stats],
-            head_records=head_records,
-            drafter_updates=drafter_updates,
+            head_records=[] if head_records is None else [head_records],
+            drafter_updates=[] if drafter_update is None else [drafter_update],
             gen_s=generated - started,
             reward_s=scored - generated,
         )

@@ -15,17 +15,20 @@ import torch
 
 from specroll.configs import TrainConfig
 from specroll.data import Problem
+from specroll.decoders import heads_config, resumed_checkpoints
 from specroll.eval.evaluation import EvalPlan, ProblemEval, batches
 from specroll.learner.checkpoint import ResumeState
-from specroll.speculation.drafting.suffix_drafts import merged_history
+from specroll.rollout import GenerationStats
+from specroll.rollout.decoder import DecoderCheckpoint
+from specroll.speculation.drafting.heads_state import HeadsState
 from specroll.telemetry import metric_names as m
 
 from .batch import Rollouts, split_groups
-from .head_consolidation_actor import DriftRecord, HeadConsolidationActor
+from .head_consolidation_actor import HeadConsolidationActor
 from .learner_actor import LearnerActor, LearnerUpdate
 from .placement import Placement, as_remote, reserve
 from .remote_calls import actor_names, cluster_reachable, gather
-from .rollout_actor import RolloutActor
+from .rollout_actor import ReplicaVersions, RolloutActor
 from .sync_group import group_backend
 
 CONSOLIDATION = "head-consolidation actor"
@@ -70,7 +73,7 @@ class RunActors:
         c = cfg.cluster
         cfg.model.stage(cfg.model_cache)
         placement = reserve(c, c.remote_timeout_s)
-        spec = cfg.rollout.speculation if cfg.rollout.speculates else None
+        spec = heads_config(cfg.rollout)
         # Its head updates overlap the learner's: no CPU reserved, a GPU (share) where configured.
         consolidation = (as_remote(HeadConsolidationActor, 0, c.gpus_per_consolidation_actor,
                                    c.consolidation_resources).remote(c.remote_timeout_s, spec)
@@ -79,7 +82,7 @@ class RunActors:
         learner_cls = as_remote(LearnerActor, c.cpus_per_learner, c.gpus_per_learner, c.learner_resources)
         actors = cls(
             cfg,
-            [rollout_cls.options(**placement.rollout_actor(i)).remote(cfg, i, consolidation)
+            [rollout_cls.options(**placement.rollout_actor(i)).remote(cfg, i)
              for i in range(c.num_rollout_actors)],
             [learner_cls.options(**placement.learner_rank(rank)).remote(cfg, rank, c.learner_world_size)
              for rank in range(c.learner_world_size)],
@@ -182,7 +185,8 @@ class RunActors:
 
     @property
     def slow_path(self) -> bool:
-        return self.cfg.rollout.speculates and self.cfg.rollout.speculation.uses_slow_path
+        spec = heads_config(self.cfg.rollout)
+        return spec is not None and spec.uses_slow_path
 
     def start_consolidation(self, rollouts: Rollouts) -> PendingConsolidation | None:
         """Hand the step's head telemetry and records to the consolidation actor; its drift check
@@ -222,8 +226,9 @@ class RunActors:
              keep_last: int) -> str:
         """A complete checkpoint of `step` finished steps: learner ranks, data position, heads, W&B id, config."""
         heads = self.consolidation.heads.remote() if self.consolidation is not None else None
-        drafter = self.rollout_call("drafter_state") if self.learns_drafter else None
-        history = self.rollout_call("draft_history_state") if self.keeps_draft_history else None
+        kept = self.decoder_checkpoints()
+        drafter = [k.drafter for k in kept] if kept[0].drafter is not None else None
+        history = [k.draft_history for k in kept] if kept[0].draft_history is not None else None
         calls = [(learner_name(r), learner.save.remote(root, step, data_position, heads if r == 0 else None,
                                                       wandb_run_id, run_config, keep_last, drafter if r == 0 else None,
                                                       history if r == 0 else None))
@@ -238,31 +243,12 @@ class RunActors:
         self.learner_version = resumed.policy_version
         if resumed.heads is not None and self.consolidation is not None:
             self.wait([(CONSOLIDATION, self.consolidation.set_heads.remote(resumed.heads))], "set_heads (checkpointed heads)")
-        if resumed.drafter is not None and self.learns_drafter:
-            states = resumed.drafter
-            # Each actor resumes its own drafter; with another actor count, all take actor 0's.
-            calls = [(rollout_name(i), actor.load_drafter_state.remote(states[i if len(states) == len(self.rollout) else 0]))
-                     for i, actor in enumerate(self.rollout)]
-            self.wait(calls, "load_drafter_state (checkpointed FastGRPO drafters)")
-        if resumed.draft_history is not None and self.keeps_draft_history:
-            states = resumed.draft_history
-            # Each actor resumes its own history; with another actor count, prompts move between
-            # actors, so each takes every actor's (its own bounds keep the newest).
-            merged = None if len(states) == len(self.rollout) else merged_history(states)
-            calls = [(rollout_name(i), actor.load_draft_history_state.remote(states[i] if merged is None else merged))
-                     for i, actor in enumerate(self.rollout)]
-            self.wait(calls, "load_draft_history_state (checkpointed history lookup)")
+        states = resumed_checkpoints(resumed.drafter, resumed.draft_history, len(self.rollout))
+        if states is not None:
+            calls = [(rollout_name(i), actor.load_decoder_checkpoint.remote(state))
+                     for i, (actor, state) in enumerate(zip(self.rollout, states))]
+            self.wait(calls, "load_decoder_checkpoint (checkpointed drafters, history lookup)")
         return resumed
-
-    @property
-    def keeps_draft_history(self) -> bool:
-        """Speculation with history lookup: each rollout actor keeps earlier responses per prompt."""
-        return self.cfg.rollout.speculates and self.cfg.rollout.speculation.history_lookup
-
-    @property
-    def learns_drafter(self) -> bool:
-        """rollout=fastgrpo with online learning: each rollout actor trains its own drafter."""
-        return self.cfg.rollout.mode == "fastgrpo" and self.cfg.rollout.fastgrpo.online.enabled
 
     def heads_metrics(self) -> dict[str, float]:
         """timing_s/head_sync and heads/* since the last call (`HeadsStepStats`); empty without speculation."""
@@ -275,13 +261,29 @@ class RunActors:
         """New draft-head weights for every rollout actor; returns their version."""
         return self.wait([(CONSOLIDATION, self.consolidation.publish_heads.remote(state))], "publish_heads")[0]
 
-    def drift_history(self) -> list[DriftRecord]:
-        return self.wait([(CONSOLIDATION, self.consolidation.drift_history.remote())], "drift_history")[0]
+    def of_rollout_actors(self, pending: list, what: str) -> list:
+        """The results of one pending call per rollout actor, in actor order."""
+        return self.wait([(rollout_name(i), ref) for i, ref in enumerate(pending)], what)
 
-    def rollout_call(self, method: str, *args) -> list:
-        """`method(*args)` on every rollout actor (e.g. `versions`, `response_logprobs`), in actor order."""
-        calls = [(rollout_name(i), getattr(actor, method).remote(*args)) for i, actor in enumerate(self.rollout)]
-        return self.wait(calls, method)
+    def rollout_versions(self) -> list[ReplicaVersions]:
+        return self.of_rollout_actors([actor.versions.remote() for actor in self.rollout], "versions")
+
+    def rollout_heads(self) -> list[HeadsState | None]:
+        """The draft heads each rollout actor holds."""
+        return self.of_rollout_actors([actor.heads_state.remote() for actor in self.rollout], "heads_state")
+
+    def rollout_stats(self) -> list[GenerationStats | None]:
+        """Each rollout actor's engine stats of its last generate call."""
+        return self.of_rollout_actors([actor.last_rollout_stats.remote() for actor in self.rollout], "last_rollout_stats")
+
+    def decoder_checkpoints(self) -> list[DecoderCheckpoint]:
+        """What a checkpoint keeps of each rollout actor's decoder."""
+        return self.of_rollout_actors([actor.decoder_checkpoint.remote() for actor in self.rollout], "decoder_checkpoint")
+
+    def rollout_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[list[float]]]:
+        """Log-probs of given responses under each rollout actor's policy (`RolloutActor.response_logprobs`)."""
+        return self.of_rollout_actors([actor.response_logprobs.remote(prompt_ids, response_ids) for actor in self.rollout],
+                                      "response_logprobs")
 
     def learner_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """Log-probs of given responses under the learner's policy (every rank computes; rank 0's)."""

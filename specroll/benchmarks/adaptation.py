@@ -42,7 +42,7 @@ import torch
 
 from specroll.speculation import DriftConfig, HorizonHeads, SpeculationConfig, SpeculativeDecoder, shipped_heads
 from specroll.speculation.adaptation.consolidation import ConsolidationConfig, HeadConsolidator
-from specroll.speculation.adaptation.drift import DRIFT_SIGNALS
+from specroll.speculation.adaptation.drift_detector import DRIFT_SIGNALS
 from specroll.speculation.adaptation.head_records import RECORD_NODES
 from specroll.speculation.adaptation.reflex import REFLEX_MODES, ReflexConfig
 from specroll.speculation.config import ADAPTATION_MODES

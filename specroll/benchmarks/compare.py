@@ -7,7 +7,7 @@ inside every step), and `rollout=speculation` with each `rollout.speculation.ada
 only, generation speed at fixed concurrency. Out: a markdown table (generation and step time,
 ratios to vanilla and to FastGRPO, tokens per verify pass, acceptance by depth, drafter updates,
 rewards with tests that the modes' rewards are indistinguishable), the paper's GPU figures in
-their own labelled table, the JSON of `benchmarks.comparison.Comparison` (--json), PNG plots.
+their own labelled table, the JSON of `benchmarks.comparison_record.Comparison` (--json), PNG plots.
 
     python -m specroll.benchmarks.compare --quick --json runs/compare/compare.json
     python -m specroll.benchmarks.compare --policies instruct sft --datasets gsm8k synthetic
@@ -39,7 +39,7 @@ from ..models import load_causal_lm, resolve_device
 from ..rollout import Decoder, RolloutEngine, SamplingParams
 from ..telemetry import metric_names as m
 from ..telemetry import plots
-from .comparison import Comparison, ConcurrencyPoint, ModeRun, RolloutTrace
+from .comparison_record import Comparison, ConcurrencyPoint, ModeRun, RolloutTrace
 from .engine_vs_hf import load_prompts
 from .flags import fill_sizes
 from .grpo_steps import GSM8K_TRAIN, driver_settings, run_driver, two_proportion_p, welch_p
@@ -124,7 +124,7 @@ def run_mode(mode: str, race: Race, args, extra: list[str]) -> ModeRun:
 
     def on_step_end(step: int, metrics: dict, actors) -> None:
         if step == args.warmup_steps and mode != VANILLA:
-            stats = actors.rollout_call("last_rollout_stats")[0]
+            stats = actors.rollout_stats()[0]
             traces.append(RolloutTrace(list(stats.active_rows_per_step), list(stats.tree.budget_per_step)))
 
     print(f"\n== {race.label}: {mode}", flush=True)
@@ -352,7 +352,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
                     help="torch threads of the engine-only runs (a rollout actor takes one per reserved CPU; default 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-root", default="runs/compare", help="each race and mode's run_dir goes under it")
-    ap.add_argument("--json", type=Path, default=None, help="write the comparison (benchmarks.comparison schema) here")
+    ap.add_argument("--json", type=Path, default=None, help="write the comparison (benchmarks.comparison_record schema) here")
     ap.add_argument("--plots", type=Path, default=None, help="folder for the PNGs (default: beside --json, else run-root)")
     args, extra = ap.parse_known_args(argv)
     fill_sizes(args, SIZES, args.quick or args.tiny)

@@ -41,7 +41,9 @@ SYSTEMS = ("ours", "compiled", "hf")  # our engine eager, our engine with the co
 
 
 @dataclass
-class Run:
+class TimedBatch:
+    """One system generating one batch of prompts, timed: a "run" of the JSON's `runs`."""
+
     system: str  # one of SYSTEMS
     batch_size: int
     repeat: int
@@ -57,7 +59,7 @@ class Run:
         return self.tokens / self.wall_s
 
 
-def run_record(run: Run) -> dict:
+def run_record(run: TimedBatch) -> dict:
     return asdict(run) | {"tokens_per_s": run.tokens_per_s}
 
 
@@ -129,7 +131,7 @@ def profile_batch_one(engine: RolloutEngine, prompt: list[int], max_new_tokens: 
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
-def summarise(runs: list[Run], batch_sizes: list[int], systems: list[str]) -> list[dict]:
+def summarise(runs: list[TimedBatch], batch_sizes: list[int], systems: list[str]) -> list[dict]:
     rows = []
     for b in batch_sizes:
         row = {"batch_size": b}
@@ -143,13 +145,13 @@ def summarise(runs: list[Run], batch_sizes: list[int], systems: list[str]) -> li
     return rows
 
 
-def step_seconds(runs: list[Run], system: str) -> float:
+def step_seconds(runs: list[TimedBatch], system: str) -> float:
     """Wall time per emitted token at batch 1, i.e. per step (prefill amortised in)."""
     mine = [r for r in runs if r.batch_size == 1 and r.system == system]
     return sum(r.wall_s for r in mine) / sum(r.tokens for r in mine)
 
 
-def decode_step_seconds(runs: list[Run], batch_size: int, system: str) -> tuple[float, float, float]:
+def decode_step_seconds(runs: list[TimedBatch], batch_size: int, system: str) -> tuple[float, float, float]:
     """Ours at `batch_size`: (seconds per decode step, prefill seconds per call, mean live rows)."""
     mine = [r for r in runs if r.batch_size == batch_size and r.system == system]
     steps = sum(r.steps for r in mine)
@@ -212,7 +214,7 @@ def main(argv=None) -> dict:
             return run_ours(engines[dtype, system], batch, max_new_tokens, seed, device)
         return run_hf(hf_models[dtype], batch, max_new_tokens, seed, device, eos_ids, pad_id)
 
-    runs: list[Run] = []
+    runs: list[TimedBatch] = []
     compile_s = 0.0
     # Dtypes alternate inside each repeat like the systems, so machine load hits them alike.
     schedule = [(b, r, d, s) for b in args.batch_sizes for r in range(-1, args.repeats) for d in args.dtype
@@ -226,10 +228,10 @@ def main(argv=None) -> dict:
             tokens, wall, steps, stats = one(dtype, system, prompts[:b], length, max(repeat, 0))
             compile_s += stats.compile_s if stats is not None else 0.0
             if not warmup and stats is None:  # transformers' generate
-                runs.append(Run(system, b, repeat, tokens, wall, steps, dtype=dtype))
+                runs.append(TimedBatch(system, b, repeat, tokens, wall, steps, dtype=dtype))
             elif not warmup:
                 live = stats.active_rows_per_step
-                runs.append(Run(system, b, repeat, tokens, wall, stats.steps, stats.prefill_s,
+                runs.append(TimedBatch(system, b, repeat, tokens, wall, stats.steps, stats.prefill_s,
                                 sum(live) / max(len(live), 1), dtype))
                 if args.json:  # a long run that gets interrupted still leaves its measurements
                     args.json.write_text(json.dumps({"complete": False, "runs": [run_record(r) for r in runs]}, indent=2))
@@ -256,7 +258,7 @@ def main(argv=None) -> dict:
     return result
 
 
-def report(dtype: str, model, runs: list[Run], systems: list[str], args, prompts, source: str, device) -> dict:
+def report(dtype: str, model, runs: list[TimedBatch], systems: list[str], args, prompts, source: str, device) -> dict:
     """Print and return one dtype's results: tokens/s per system, and decode steps against the floors."""
     table = summarise(runs, args.batch_sizes, systems)
     print(f"\nSmolLM2-135M-Instruct {dtype} on {device} ({torch.get_num_threads()} threads), prompts: {source}, "
@@ -300,7 +302,7 @@ def report(dtype: str, model, runs: list[Run], systems: list[str], args, prompts
     return result
 
 
-def call_speeds(runs: list[Run], batch_size: int, system: str, dtype: str) -> tuple[float, float | None, float | None]:
+def call_speeds(runs: list[TimedBatch], batch_size: int, system: str, dtype: str) -> tuple[float, float | None, float | None]:
     """(tokens/s of whole calls, seconds per decode step, prefill seconds per call) of one system
     in one dtype; the last two for our engine only (None for transformers)."""
     mine = [r for r in runs if r.batch_size == batch_size and r.system == system and r.dtype == dtype]
@@ -311,7 +313,7 @@ def call_speeds(runs: list[Run], batch_size: int, system: str, dtype: str) -> tu
     return tokens_per_s, step_s, prefill_s
 
 
-def dtype_speedups(runs: list[Run], dtypes: list[str], systems: list[str], batch_sizes: list[int]) -> list[dict]:
+def dtype_speedups(runs: list[TimedBatch], dtypes: list[str], systems: list[str], batch_sizes: list[int]) -> list[dict]:
     """Print and return, per batch size and system, each later dtype's speed over the first one
     (tokens/s of whole calls; for our engine also decode steps alone and prefill), measured side by side."""
     base, rows = dtypes[0], []

@@ -24,11 +24,9 @@ import math
 import shutil
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
-from ..configs import load_train_config
+from ..command_line import compose_train_config
 from ..telemetry import metric_names as m
-from ..train import conf_dir, run_training
+from ..train import run_training
 from .engine_vs_hf import DEFAULT_GSM8K
 
 GSM8K_TRAIN = DEFAULT_GSM8K.with_name("train.jsonl")  # GRPO trains on train prompts
@@ -59,8 +57,7 @@ def run_driver(run_dir: Path, overrides: list[str], on_step_end=None) -> list[di
     """Every step's metrics of `specroll.train.run_training` with `overrides`, in a fresh `run_dir`.
     `on_step_end(step, metrics, actors)` also sees each step."""
     shutil.rmtree(run_dir, ignore_errors=True)  # a benchmark always starts fresh
-    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        cfg = load_train_config(compose("config", overrides=[f"run_dir={run_dir}", *overrides]))
+    cfg = compose_train_config([f"run_dir={run_dir}", *overrides])
     steps: list[dict] = []
 
     def collect(step: int, metrics: dict, actors) -> None:

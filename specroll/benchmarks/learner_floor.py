@@ -34,13 +34,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
 from ..actors.threads import node_cores, phase_threads
-from ..configs import load_train_config
+from ..command_line import compose_train_config
 from ..learner import GRPOLearner, GRPOSamples
 from ..learner.phases import PHASES, PREFIX
-from ..train import conf_dir
 
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkldnn_linear"}
 ATTENTION_MARK = "scaled_dot_product"
@@ -126,8 +124,7 @@ def load_setup(args, overrides: list[str]):
     model = ["model.name=tiny-llama", "model.tokenizer=smollm2-135m-instruct"] if args.model == "tiny" else [
         f"model.name={args.model}"]
     settings = [f"experiment={args.preset}", *model, "model.device=cpu", "learner.device=cpu"]
-    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        cfg = load_train_config(compose("config", overrides=settings + overrides))
+    cfg = compose_train_config(settings + overrides)
     args.sequences = args.sequences or cfg.data.prompts_per_step * cfg.rollout.n
     args.response_len = args.response_len or cfg.rollout.max_new_tokens
     learner = replace(cfg.learner, max_response_len=max(cfg.learner.max_response_len, args.response_len),

@@ -29,11 +29,10 @@ from collections.abc import Callable
 
 import ray
 import torch
-from hydra import compose, initialize_config_dir
 
 from ..actors import LearnerActor, RolloutActor, RunActors
-from ..configs import TrainConfig, load_train_config
-from ..train import conf_dir
+from ..command_line import compose_train_config
+from ..configs import TrainConfig
 
 # The model's config group and the lengths that fit its context (nothing is generated here).
 MODELS = {"tiny": ["model=tiny", "rollout.max_new_tokens=16", "learner.max_response_len=16", "learner.max_seq_len=256"],
@@ -48,8 +47,7 @@ def benchmark_config(model: str, dtype: str, path: str = "object_store") -> Trai
     overrides = [*MODELS[model], f"model.dtype={dtype}", "model.device=cpu", "learner.device=cpu",
                  "rollout=vanilla", "logger=none", "resume=never", "checkpoint_every=0",
                  f"cluster.weight_sync={path}"]
-    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        return load_train_config(compose("config", overrides=overrides))
+    return compose_train_config(overrides)
 
 
 def seconds(run: Callable[[], object]) -> tuple[float, object]:

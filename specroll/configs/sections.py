@@ -81,7 +81,7 @@ class ModelSection:
     """The policy: which weights, in which precision, on which device (rollout side)."""
 
     # An alias (smollm2-135m-instruct), a .gguf file, a Hugging Face directory, a hub id
-    # (needs network), or tiny-llama / tiny-qwen2: the 2-layer random model of
+    # (needs network), or tiny-llama / tiny-qwen2 / tiny-qwen3: the 2-layer random model of
     # `specroll.models.build_tiny_model(<type>, seed=<run seed>)` for plumbing tests.
     name: str = "smollm2-135m-instruct"
     dtype: str = "float32"  # rollout weights: float32, bfloat16 or float16
@@ -108,7 +108,7 @@ class ModelSection:
 
     @property
     def tiny_type(self) -> str | None:
-        """The architecture of a tiny-* model ("llama", "qwen2"); None for real weights."""
+        """The architecture of a tiny-* model ("llama", "qwen2", "qwen3"); None for real weights."""
         return self.name[len(TINY_PREFIX):] if self.name.startswith(TINY_PREFIX) else None
 
     def stage(self, cache: Path) -> None:

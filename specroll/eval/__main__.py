@@ -17,22 +17,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
+from specroll.command_line import compose_train_config, conf_dir, errors_as_messages
 from specroll.configs import TrainConfig, load_train_config
 from specroll.configs.train import check_held_out
 from specroll.decoders import build_decoder
 from specroll.rollout import RolloutEngine
-from specroll.train import conf_dir, errors_as_messages
 
 from .evaluation import EvalReport, eval_plan, evaluate
 from .held_out import load_held_out
-from .policy import CheckpointPolicy, checkpoint_model, find_checkpoint, install_heads, read_checkpoint_policy
+from .policy import CheckpointPolicy, checkpoint_model, find_checkpoint, read_checkpoint_policy
 
 COMMAND = "python -m specroll.eval"
 DECODING_MODES = {"speculative": "speculation", "plain": "vanilla"}  # --decoding -> rollout.mode
@@ -87,8 +85,7 @@ def eval_config(source: str, policy: CheckpointPolicy | None, overrides: list[st
         # resume: the saved run's value may name a checkpoint since moved; nothing is resumed here.
         return load_train_config(apply_overrides({**policy.run_config, "resume": "auto"}, overrides))
     name = policy.model_section.name if policy is not None else source
-    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        return load_train_config(compose("config", overrides=[f"model.name={name}", *overrides]))
+    return compose_train_config([f"model.name={name}", *overrides])
 
 
 def run_eval(source: str, overrides: list[str], show_progress: bool = True) -> tuple[TrainConfig, EvalReport]:
@@ -101,13 +98,8 @@ def run_eval(source: str, overrides: list[str], show_progress: bool = True) -> t
     model, tokenizer = checkpoint_model(policy, cfg.model, cfg.seed) if policy is not None else cfg.model.load(cfg.seed)
     if tokenizer is None:
         raise ValueError("model.tokenizer must be set for a tiny model: prompts are formatted and responses scored as text")
-    saved_heads = policy.heads if policy is not None and cfg.rollout.speculates else None
-    rollout = cfg.rollout
-    if saved_heads is not None:  # the checkpoint's heads replace the initial ones: none are looked for
-        rollout = replace(rollout, speculation=replace(rollout.speculation, heads_path=None))
-    decoder = build_decoder(model, rollout)
-    if saved_heads is not None:
-        install_heads(decoder, saved_heads)
+    # The checkpoint's heads replace the configured ones, where the decoder drafts with heads.
+    decoder = build_decoder(model, cfg.rollout, heads=None if policy is None else policy.heads)
     engine = RolloutEngine(model, tokenizer, decoder, sync_every=cfg.rollout.sync_every)
     with tqdm(total=len(problems), desc="held-out problems", unit="problem", disable=not show_progress or None) as bar:
         report = evaluate(engine, tokenizer, problems, cfg.data.instruction, cfg.data.reward,

@@ -77,8 +77,7 @@ def evaluate_problems(engine: RolloutEngine, tokenizer, problems: list[tuple[int
         sampled_scores = score_responses(sampled_texts, [g for g in golds for _ in range(samples)], reward)
         for row, score in enumerate(sampled_scores):
             correct[row // samples] += score.correct
-    if getattr(engine.decoder, "collects_head_records", False):
-        engine.decoder.pop_head_records()  # greedy evaluation responses are no training data for the heads
+    engine.decoder.pop_head_records()  # evaluation responses are no training data for the heads (`RolloutDecoder`)
     return [ProblemEval(index, text, list(tokens), score.correct, score.reward, samples, c)
             for (index, _), text, tokens, score, c in zip(problems, texts, greedy.token_ids, scores, correct)]
 

@@ -1,7 +1,6 @@
 """The policy a run checkpoint holds, rebuilt as the model the rollout engine runs, without a learner."""
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -70,10 +69,3 @@ def checkpoint_model(policy: CheckpointPolicy, section: ModelSection | None = No
                          f"unexpected {unexpected}")
     return model, tokenizer
 
-
-def install_heads(decoder, saved: HeadsState) -> None:
-    """Draft with a checkpoint's heads: the speculative `decoder`'s own heads, holding `saved`'s weights."""
-    heads = copy.deepcopy(decoder.heads)
-    heads.load_state_dict(saved.state)
-    heads.version = saved.version
-    decoder.set_heads(heads)

@@ -26,11 +26,12 @@ from specroll.speculation.verification.pass_stats import StepLog, tree_stats
 from specroll.speculation.verification.verify import verify_tree
 
 from ..rollout.decode_state import DecodeState, StepResult
-from ..rollout.decoder import prepare_for_decoding
+from ..rollout.decoder import DecoderCheckpoint, NoHorizonHeads, prepare_for_decoding
 from ..rollout.stats import CompileStats, DecoderStats
 from .config import FastGRPOConfig
 from .drafter import FeatureDrafter, initial_drafter
 from .feature_log import DraftSequences, FeatureLog
+from .online import DrafterUpdate, OnlineDrafterLearner
 from .tree_rule import TreeShape, levels_worth_drafting, nodes_per_response, tree_shape
 
 
@@ -51,23 +52,26 @@ class DrafterCall:
         self.slots = self.slots[rows]
 
 
-class FastGRPODecoder:
+class FastGRPODecoder(NoHorizonHeads):
     """The baseline's decoder; its steps run eager and read on the host. `compile` (`rollout.compile`)
-    compiles the engine's bookkeeping around them; `drafter` replaces the configured one."""
+    compiles the engine's bookkeeping around them; `drafter` replaces the configured one; `seed` orders
+    its online learning's batches."""
 
     min_rows = 1  # steps that read compact to live rows
     compiled_on_cuda = False
 
     def __init__(self, model, cfg: FastGRPOConfig, drafter: FeatureDrafter | None = None,
-                 compile: bool = False) -> None:
+                 compile: bool = False, seed: int = 0) -> None:
         prepare_for_decoding(model)
-        self.model, self.cfg, self.compiled = model, cfg, compile
+        self.model, self.cfg, self.compiled, self.seed = model, cfg, compile, seed
         # The acceptance rule; exactness tests swap in a deliberately biased one as a negative control.
         self.verify = verify_tree
         self.capacity = cfg.capacity or get_profile(model, cfg.profile_cache_len).capacity
         self.max_tokens_per_step = max(2, min(self.capacity, cfg.max_nodes))
         self.set_drafter(drafter if drafter is not None else initial_drafter(model, cfg.drafter_path))
         self.last_call: DrafterCall | None = None
+        self.online: OnlineDrafterLearner | None = None  # built at its first use (`online_learner`)
+        self.update: DrafterUpdate | None = None  # the last online update, until `pop_drafter_update`
         self.reset_stats()
 
     def set_drafter(self, drafter: FeatureDrafter) -> None:
@@ -226,3 +230,31 @@ class FastGRPODecoder:
         if call is None or call.log is None:
             return None
         return call.log.sequences(token_ids)
+
+    # What the rollout actor asks of a decoder beyond its steps (`specroll.decoders.RolloutDecoder`).
+    def online_learner(self) -> OnlineDrafterLearner | None:
+        """Its drafter's online learning, built at the first use; None when `cfg.online` is off."""
+        if self.online is None and self.cfg.online.enabled:
+            self.online = OnlineDrafterLearner(self.drafter, self.model, self.cfg.online, seed=self.seed)
+        return self.online
+
+    def learn_from_responses(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> None:
+        """Train the drafter online on the call's responses (paid for inside the step, as FastGRPO does)."""
+        learner = self.online_learner()
+        data = None if learner is None else self.pop_training_data(responses)
+        if data is not None:
+            self.update = learner.update(data)
+
+    def pop_drafter_update(self) -> DrafterUpdate | None:
+        """The online update `learn_from_responses` made; None without one since the last pop."""
+        update, self.update = self.update, None
+        return update
+
+    def checkpoint_state(self) -> DecoderCheckpoint:
+        learner = self.online_learner()
+        return DecoderCheckpoint(drafter=None if learner is None else learner.state_dict())
+
+    def load_checkpoint_state(self, state: DecoderCheckpoint) -> None:
+        learner = self.online_learner()
+        if state.drafter is not None and learner is not None:
+            learner.load_state_dict(state.drafter)

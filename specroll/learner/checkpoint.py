@@ -74,7 +74,7 @@ DEEPSPEED_TAG = "deepspeed"
 MODEL_FIELDS_FREE_TO_CHANGE = ("eos_token_ids",)
 # ZeRO stage and precision decide the layout of the saved optimizer state.
 LEARNER_FIELDS_FIXED = ("zero_stage", "dtype")
-HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # OpenSSL's SHA-256 runs on the CPU's SHA extensions where they exist, faster than blake2b there.
 HASH_NAME = "sha256"
 

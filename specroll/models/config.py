@@ -1,10 +1,10 @@
-"""Architecture description of a Llama-family decoder (Llama 2/3/3.1, Qwen2/2.5, SmolLM2)."""
+"""Architecture description of a Llama-family decoder (Llama 2/3/3.1, Qwen2/2.5, Qwen3, SmolLM2)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 
 @dataclass
@@ -24,7 +24,7 @@ class ModelConfig:
     # None or a dict like HF's `rope_parameters`; only "default" and "llama3" are supported.
     rope_scaling: dict[str, Any] | None = None
     tie_word_embeddings: bool = False
-    # Qwen2 has biases on q/k/v; Llama may have them through `attention_bias`.
+    # Qwen2 has biases on q/k/v; Llama may have them through `attention_bias`; Qwen3 has none.
     qkv_bias: bool = False
     model_type: str = "llama"
     eos_token_ids: list[int] = field(default_factory=list)
@@ -40,9 +40,16 @@ class ModelConfig:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
+        if self.model_type == "qwen3" and self.qkv_bias:
+            raise ValueError("qwen3 with attention_bias is not supported: it also puts a bias on o_proj, which we lack")
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in ("default", "llama3"):
             raise ValueError(f"rope_scaling type {rope_type!r} is not supported (default, llama3)")
+
+    @property
+    def qk_norm(self) -> bool:
+        """Qwen3: each head's queries and keys are RMS-normalised (a weight of `head_dim`) before RoPE."""
+        return self.model_type == "qwen3"
 
     @classmethod
     def from_hf(cls, hf_config: Any, name: str = "") -> "ModelConfig":
@@ -51,6 +58,8 @@ class ModelConfig:
         rope_theta = rope.pop("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
         if rope.get("rope_type", "default") == "default":
             rope = {}
+        if getattr(hf_config, "use_sliding_window", False):
+            raise ValueError(f"{hf_config.model_type} with use_sliding_window is not supported (full attention only)")
         eos = hf_config.eos_token_id
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         model_type = hf_config.model_type
@@ -76,7 +85,7 @@ class ModelConfig:
 
     def to_hf(self) -> Any:
         """The equivalent transformers config (used for export and as the test oracle)."""
-        from transformers import LlamaConfig, Qwen2Config
+        from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
         rope = {"rope_theta": self.rope_theta, "rope_type": "default"}
         rope.update(self.rope_scaling or {})
@@ -96,6 +105,8 @@ class ModelConfig:
         )
         if self.model_type == "qwen2":
             return Qwen2Config(**common)
+        if self.model_type == "qwen3":
+            return Qwen3Config(**common)
         return LlamaConfig(attention_bias=self.qkv_bias, **common)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Translate between Hugging Face Llama/Qwen2 parameter names and our fused layout."""
+"""Translate between Hugging Face Llama/Qwen2/Qwen3 parameter names and our fused layout."""
 from __future__ import annotations
 
 import torch
@@ -27,6 +27,9 @@ def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
                 [take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
             )
         out[f"layers.{i}.self_attn.o_proj.weight"] = take(p + "self_attn.o_proj.weight")
+        if cfg.qk_norm:
+            for n in ("q_norm", "k_norm"):
+                out[f"layers.{i}.self_attn.{n}.weight"] = take(p + f"self_attn.{n}.weight")
         out[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
             [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
         )
@@ -55,6 +58,9 @@ def to_hf_state_dict(ours: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
             qb, kb, vb = ours[src + "self_attn.qkv_proj.bias"].split((q_size, kv_size, kv_size))
             out.update({p + "self_attn.q_proj.bias": qb, p + "self_attn.k_proj.bias": kb, p + "self_attn.v_proj.bias": vb})
         out[p + "self_attn.o_proj.weight"] = ours[src + "self_attn.o_proj.weight"]
+        if cfg.qk_norm:
+            for n in ("q_norm", "k_norm"):
+                out[p + f"self_attn.{n}.weight"] = ours[src + f"self_attn.{n}.weight"]
         gate, up = ours[src + "mlp.gate_up_proj.weight"].chunk(2)
         out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = gate, up
         out[p + "mlp.down_proj.weight"] = ours[src + "mlp.down_proj.weight"]

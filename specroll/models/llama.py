@@ -1,4 +1,4 @@
-"""Our own Llama-family forward (Llama 2/3/3.1, Qwen2/2.5, SmolLM2), in the style of gpt-fast.
+"""Our own Llama-family forward (Llama 2/3/3.1, Qwen2/2.5, Qwen3, SmolLM2), in the style of gpt-fast.
 
 One plain `nn.Module` serves the rollout engine (with a `KVCache`, tree masks, hidden states
 for the draft heads) and the learner (full sequences, gradients). q/k/v and gate/up are fused
@@ -108,12 +108,19 @@ class Attention(nn.Module):
         self.split = (q_size, kv_size, kv_size)
         self.qkv_proj = PrepackedLinear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
         self.o_proj = PrepackedLinear(q_size, cfg.hidden_size, bias=False)
+        self.qk_norm = cfg.qk_norm
+        if self.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x, cos, signed_sin, layer_kv: LayerKV | None, slots, bias) -> torch.Tensor:
         batch, num_new, _ = x.shape
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(batch, num_new, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = q.view(batch, num_new, self.num_heads, self.head_dim)
+        k = k.view(batch, num_new, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, signed_sin), apply_rope(k, cos, signed_sin)
         if layer_kv is not None:

@@ -1,4 +1,4 @@
-"""Tiny random Llama / Qwen2 models built from a config, for fast unit tests."""
+"""Tiny random Llama / Qwen2 / Qwen3 models built from a config, for fast unit tests."""
 from __future__ import annotations
 
 import torch
@@ -8,7 +8,8 @@ from .llama import CausalLM
 
 
 def tiny_config(model_type: str = "llama", **overrides) -> ModelConfig:
-    """A 2-layer model with grouped-query attention and a small vocabulary."""
+    """A 2-layer model with grouped-query attention and a small vocabulary; Qwen3's heads are wider
+    than hidden / heads, as in Qwen3-0.6B, so nothing may assume they are equal."""
     fields = dict(
         vocab_size=64,
         hidden_size=32,
@@ -16,11 +17,11 @@ def tiny_config(model_type: str = "llama", **overrides) -> ModelConfig:
         num_layers=2,
         num_heads=4,
         num_kv_heads=2,
-        head_dim=8,
+        head_dim=16 if model_type == "qwen3" else 8,
         max_position_embeddings=256,
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
-        tie_word_embeddings=model_type == "qwen2",
+        tie_word_embeddings=model_type in ("qwen2", "qwen3"),
         qkv_bias=model_type == "qwen2",
         model_type=model_type,
         eos_token_ids=[1],

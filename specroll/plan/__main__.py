@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from hydra import compose, initialize_config_dir
-
-from specroll.configs import load_train_config
-from specroll.train import conf_dir, errors_as_messages, refuse_renamed
+from specroll.command_line import compose_train_config, errors_as_messages, refuse_renamed
 
 from . import format_plan, model_shape, overflow, plan_memory
 
@@ -15,8 +12,7 @@ from . import format_plan, model_shape, overflow, plan_memory
 def main(overrides: list[str]) -> int:
     refuse_renamed(overrides)
     with errors_as_messages("invalid config"):
-        with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-            cfg = load_train_config(compose("config", overrides=overrides))
+        cfg = compose_train_config(overrides)
         shape = model_shape(cfg.model)
     plan = plan_memory(cfg, shape)
     print(f"{cfg.model.name}: {shape.params / 1e9:.2f}B parameters, {shape.layers} layers, "

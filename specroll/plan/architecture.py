@@ -26,11 +26,12 @@ class ModelShape(NamedTuple):
     head_dim: int
     tied: bool  # the LM head is the embedding matrix
     qkv_bias: bool
+    qk_norm: bool  # Qwen3: a norm over each head's queries and keys
 
     @classmethod
     def of(cls, cfg: ModelConfig) -> "ModelShape":
         return cls(cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
-                   cfg.num_kv_heads, cfg.head_dim, cfg.tie_word_embeddings, cfg.qkv_bias)
+                   cfg.num_kv_heads, cfg.head_dim, cfg.tie_word_embeddings, cfg.qkv_bias, cfg.qk_norm)
 
     @property
     def q_width(self) -> int:
@@ -42,9 +43,11 @@ class ModelShape(NamedTuple):
 
     @property
     def layer_params(self) -> int:
-        """One decoder layer: fused q/k/v (and its bias), o, fused gate/up, down, two norms."""
+        """One decoder layer: fused q/k/v (and its bias), o, fused gate/up, down, two norms (four with
+        the query and key norms)."""
         qkv = self.hidden * (self.q_width + 2 * self.kv_width) + (self.q_width + 2 * self.kv_width) * self.qkv_bias
-        return qkv + self.q_width * self.hidden + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        norms = 2 * self.hidden + 2 * self.head_dim * self.qk_norm
+        return qkv + self.q_width * self.hidden + 3 * self.hidden * self.intermediate + norms
 
     @property
     def params(self) -> int:

@@ -70,9 +70,10 @@ def layer_saved_per_token(shape: ModelShape, b: int) -> int:
     """Bytes one decoder layer keeps for backward per token, without checkpointing: two norms;
     the q/k/v output, the rotated halves and rotated q, k, the attention output and its
     transposed copy (flash / memory-efficient attention: no score matrix, a float32 log-sum-exp
-    per head); gate/up, SiLU(gate) and their product."""
+    per head), and the query and key norms' (as a norm's) where the model has them; gate/up,
+    SiLU(gate) and their product."""
     q, kv = shape.q_width, shape.kv_width
-    attention = b * (5 * q + 4 * kv) + FP32 * shape.heads
+    attention = b * (5 * q + 4 * kv) + FP32 * shape.heads + (FP32 + 2 * b) * (q + kv) * shape.qk_norm
     mlp = 4 * b * shape.intermediate
     return 2 * norm_saved_per_token(shape, b) + attention + mlp
 

@@ -2,11 +2,14 @@
 
 A decoder runs one step of every row of a generate call and says beforehand whether that step
 reads anything on the host; the engine owns the rows, the stop rules and the host reads.
-`specroll.decoders.build_decoder` builds the one a rollout config asks for.
+`specroll.decoders.build_decoder` builds the one a rollout config asks for, and
+`specroll.decoders.RolloutDecoder` is what the rollout actor asks of it besides; the records
+and defaults of that second interface that decoders below it share live here.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -44,6 +47,30 @@ class Decoder(Protocol):
 
     def pop_stats(self) -> DecoderStats:
         """The statistics of the generate call that just ended; the next call's start afresh."""
+
+
+@dataclass(frozen=True)
+class DecoderCheckpoint:
+    """What a run checkpoint keeps of one rollout actor's decoder, a part per file (one entry per actor)."""
+
+    drafter: dict[str, Any] | None = None  # an online-learnt drafter's weights and optimiser (`drafter.pt`)
+    draft_history: dict[str, Any] | None = None  # the earlier responses history lookup keeps (`draft_history.pt`)
+
+
+class NoHorizonHeads:
+    """The head calls of `specroll.decoders.RolloutDecoder` for a decoder that drafts with no horizon
+    heads: none to report or load, no records for the slow path."""
+
+    heads_version = None
+
+    def heads_state(self) -> None:
+        return None
+
+    def load_heads(self, heads: object) -> int:
+        raise ValueError(f"{type(self).__name__} drafts with no horizon heads (rollout.mode is not speculation)")
+
+    def pop_head_records(self) -> None:
+        return None
 
 
 def prepare_for_decoding(model) -> None:

@@ -6,7 +6,7 @@ import torch
 from ..models import KVCache
 from .compiled_step import StepFunction, specialise
 from .decode_state import DecodeState, StepResult
-from .decoder import prepare_for_decoding
+from .decoder import DecoderCheckpoint, NoHorizonHeads, prepare_for_decoding
 from .sampling import SamplingParams, row_uniforms, sample_tokens, sampling_logprobs
 from .stats import DecoderStats
 
@@ -31,7 +31,7 @@ def compiled_min_rows(compiled_on_cuda: bool) -> int:
     return 2 if compiled_on_cuda else 1
 
 
-class PlainDecoder:
+class PlainDecoder(NoHorizonHeads):
     """One token per row per step: the vanilla baseline and the N_t = 1 fallback. The step is
     fixed-shape and sync-free, so it can run compiled (see `compiled_step`)."""
 
@@ -69,3 +69,16 @@ class PlainDecoder:
 
     def pop_stats(self) -> DecoderStats:
         return DecoderStats(self.decode.pop())
+
+    # What the rollout actor asks of a decoder beyond its steps (`specroll.decoders.RolloutDecoder`): nothing learnt or kept.
+    def learn_from_responses(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> None:
+        """Nothing: it drafts nothing to learn."""
+
+    def pop_drafter_update(self) -> None:
+        return None
+
+    def checkpoint_state(self) -> DecoderCheckpoint:
+        return DecoderCheckpoint()
+
+    def load_checkpoint_state(self, state: DecoderCheckpoint) -> None:
+        """Nothing to resume."""

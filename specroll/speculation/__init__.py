@@ -1,5 +1,5 @@
 """Exact speculative rollouts: horizon heads, sparse draft trees, one-pass tree verification."""
-from .adaptation.drift import DriftConfig, DriftDetector, HeadTelemetry
+from .adaptation.drift_detector import DriftConfig, DriftDetector, HeadTelemetry
 from .adaptation.replay import MaturedRecords, ReplayMemory
 from .budgets.profile import HardwareProfile, get_profile, measure_profile
 from .config import SpeculationConfig

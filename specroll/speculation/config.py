@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .adaptation.consolidation import ConsolidationConfig
-from .adaptation.drift import DriftConfig
+from .adaptation.drift_detector import DriftConfig
 from .adaptation.head_records import RECORD_NODES
 from .adaptation.reflex import ReflexConfig
 from .budgets.policies import BUDGET_POLICIES

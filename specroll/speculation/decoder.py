@@ -17,11 +17,11 @@ import torch
 
 from specroll.rollout.compiled_step import StepFunction
 from specroll.rollout.decode_state import DecodeState, StepResult
-from specroll.rollout.decoder import prepare_for_decoding
+from specroll.rollout.decoder import DecoderCheckpoint, prepare_for_decoding
 from specroll.rollout.plain_decoder import PlainDecoder
 from specroll.rollout.stats import CompileStats, DecoderStats
 
-from .adaptation.head_records import RecordCollector
+from .adaptation.head_records import HeadRecords, RecordCollector
 from .adaptation.maturation import matured_proposals
 from .adaptation.reflex_step import Reflex
 from .budgets.cost_model import CostModel
@@ -29,6 +29,7 @@ from .budgets.policies import concurrency_budget, resolve_budget
 from .budgets.tree_gate import TreeGate
 from .config import SpeculationConfig
 from .drafting.heads import HorizonHeads, shipped_heads
+from .drafting.heads_state import HeadsState
 from .drafting.lookup import LookupAcceptance
 from .drafting.suffix_drafts import SuffixDrafts
 from .step import (
@@ -134,11 +135,6 @@ class SpeculativeDecoder:
         every structure sized by depth is sized by, and resized by when heads are set."""
         return self.cfg.tree_depth(self.heads.num_heads)
 
-    @property
-    def collects_head_records(self) -> bool:
-        """Whether generate calls collect the slow path's head records (`pop_head_records`)."""
-        return self.records is not None
-
     def set_heads(self, heads: HorizonHeads) -> None:
         """Use `heads` from the next step on (call between generate calls). A later version of the
         heads drafting now (a slow-path update) keeps the running estimates of how well they
@@ -203,11 +199,10 @@ class SpeculativeDecoder:
         compiles = [self.plain.pop_stats().compiled, self.verify_forward.pop()]
         return sum(compiles + (self.sync_free.pop_compiles() if self.sync_free is not None else []), CompileStats())
 
-    def pop_head_records(self):
-        """Slow path: (HeadTelemetry, MaturedRecords or None) of the generate calls since the last pop."""
-        if self.records is None:
-            raise ValueError("this decoder collects no head records: speculation.adaptation uses no slow path")
-        return self.records.pop()
+    def pop_head_records(self) -> HeadRecords | None:
+        """Slow path: (HeadTelemetry, MaturedRecords or None) of the generate calls since the last pop;
+        None when `speculation.adaptation` has no slow path."""
+        return None if self.records is None else self.records.pop()
 
     def node_budget(self, active_rows: int) -> int:
         """N_t of the budgets that need no drafts to decide it (cut by the tree gate where it applies)."""
@@ -369,3 +364,30 @@ class SpeculativeDecoder:
         self.step_log.time_draft_s += ran.draft_s
         self.step_log.time_verify_s += ran.verify_s
         return StepResult(judged.tokens, judged.logprobs, judged.counts)
+
+    # What the rollout actor asks of a decoder beyond its steps (`specroll.decoders.RolloutDecoder`).
+    @property
+    def heads_version(self) -> int:
+        return self.heads.version
+
+    def heads_state(self) -> HeadsState:
+        return HeadsState.of(self.heads)
+
+    def load_heads(self, heads: HeadsState) -> int:
+        """Draft with `heads` from the next generate call on, unless they are older than its own."""
+        if heads.version >= self.heads.version:
+            self.set_heads(heads.applied_to(self.heads))
+        return self.heads.version
+
+    def learn_from_responses(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> None:
+        self.remember_responses(prompts, responses, group_size)
+
+    def pop_drafter_update(self) -> None:
+        return None  # its heads learn on the slow path, from `pop_head_records`
+
+    def checkpoint_state(self) -> DecoderCheckpoint:
+        return DecoderCheckpoint(draft_history=None if self.suffix is None else self.suffix.history_state())
+
+    def load_checkpoint_state(self, state: DecoderCheckpoint) -> None:
+        if state.draft_history is not None and self.cfg.history_lookup:
+            self.suffix.load_history_state(state.draft_history)

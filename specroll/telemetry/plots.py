@@ -278,7 +278,7 @@ def plot_run_panel(runs: Runs, panel: str, path: str | Path | None = None) -> Fi
     return plot_run_panels(runs, (panel,), path)
 
 
-# Comparison figures: rollout modes raced on the same prompts (see specroll/benchmarks/comparison.py).
+# Comparison figures: rollout modes raced on the same prompts (see specroll/benchmarks/comparison_record.py).
 
 class Trace(Protocol):
     active_rows: Sequence[int]

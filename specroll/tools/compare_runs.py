@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
+from specroll.command_line import errors_as_messages
 from specroll.telemetry.history import held_out_curve
 from specroll.telemetry.plots import plot_learning_curves
 from specroll.telemetry.rollout_log import StepRollouts, read_rollouts
-from specroll.train import errors_as_messages
 
 COMMAND = "python -m specroll.tools.compare_runs"
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from specroll.command_line import errors_as_messages
 from specroll.configs import ModelSection
 from specroll.eval.policy import CheckpointPolicy, find_checkpoint, read_checkpoint_policy
 from specroll.learner import export_hf
@@ -24,7 +25,6 @@ from specroll.models import resolve_checkpoint, resolve_dtype
 from specroll.models.loading import DTYPES
 from specroll.speculation import HorizonHeads
 from specroll.speculation.drafting.heads import heads_beside
-from specroll.train import errors_as_messages
 
 COMMAND = "python -m specroll.tools.export"
 

@@ -1,6 +1,6 @@
 """Supervised warm start: fine-tune the policy on reference worked solutions before GRPO.
 
-Trains `--model` on a problem set's worked solutions (`specroll.learner.sft`), evaluates it on
+Trains `--model` on a problem set's worked solutions (`specroll.learner.sft_trainer`), evaluates it on
 held-out ones before and after, and saves it as a Hugging Face directory with its summary:
 
     python -m specroll.tools.sft --model smollm2-135m-instruct --dataset gsm8k \
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from specroll.data import load_problems
-from specroll.learner.sft import (
+from specroll.learner.sft_trainer import (
     SUMMARY_FILE,
     SFTConfig,
     build_examples,

@@ -22,7 +22,7 @@ import torch
 from ..drafting.heads import HorizonHeads
 from ..head_training.loss import HeadBatch, HeadLossConfig, head_states, train_step
 from ..head_training.targets import SparseDistribution
-from .drift import DriftCheck, DriftConfig, DriftDetector, HeadTelemetry
+from .drift_detector import DriftCheck, DriftConfig, DriftDetector, HeadTelemetry
 from .replay import MaturedRecords, ReplayMemory
 
 

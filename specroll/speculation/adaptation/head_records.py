@@ -21,7 +21,7 @@ import torch
 
 from ..drafting.heads import draft_policy_top
 from ..drafting.tree import Proposal
-from .drift import HeadTelemetry, depth_bucket, merge_telemetry
+from .drift_detector import HeadTelemetry, depth_bucket, merge_telemetry
 from .maturation import MaturedProposals, node_paths, tree_proposals
 from .replay import MaturedRecords, cat_records
 

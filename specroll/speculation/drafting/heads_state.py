@@ -2,6 +2,7 @@
 every rollout actor, and into and out of a run checkpoint's `heads.pt`."""
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import torch
 
 from specroll.storage.safe_load import load_state
 
-from .heads import HeadsMeta
+from .heads import HeadsMeta, HorizonHeads
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,19 @@ class HeadsState:
     state: dict[str, torch.Tensor]  # `HorizonHeads.state_dict()`, on the CPU
     meta: HeadsMeta | None  # what the heads are (type, sizes, base model); None: the holder's own
     consolidation: dict[str, Any] | None = None  # `HeadConsolidator.state_dict()`; None without one, in broadcasts
+
+    @classmethod
+    def of(cls, heads: HorizonHeads) -> HeadsState:
+        """`heads` as they travel: their version and meta, their weights copied to the CPU."""
+        state = {k: v.detach().to("cpu", copy=True) for k, v in heads.state_dict().items()}
+        return cls(heads.version, state, heads.meta())
+
+    def applied_to(self, heads: HorizonHeads) -> HorizonHeads:
+        """A copy of `heads` holding these weights and this version."""
+        updated = copy.deepcopy(heads)
+        updated.load_state_dict(self.state)
+        updated.version = self.version
+        return updated
 
     def save(self, path: str | Path) -> None:
         """As a run checkpoint's `heads.pt`: dicts, tensors and numbers only, so that it loads with
