@@ -51,27 +51,27 @@ class Action(Enum):
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Decision:
     action: Action
     reason: str  # why, for the message or warning
 
 
-def verdict(owner: Owner | None, host: str, heartbeat_age_s: float, running_since: float | None,
-            stale_s: float = OWNER_STALE_S) -> Verdict:
+def decide(owner: Owner | None, host: str, heartbeat_age_s: float, running_since: float | None,
+            stale_s: float = OWNER_STALE_S) -> Decision:
     """What a launch on `host` does about a run_dir `owner` holds (None: unowned). `running_since`:
     the start time of the process with the owner's pid on this host (None: no such process);
     `heartbeat_age_s`: seconds since the owner last refreshed its record."""
     if owner is None:
-        return Verdict(Action.TAKE, "no owner")
+        return Decision(Action.TAKE, "no owner")
     if owner.host == host:
         if running_since is None:
-            return Verdict(Action.TAKE_OVER, f"its process {owner.pid} is no longer running")
+            return Decision(Action.TAKE_OVER, f"its process {owner.pid} is no longer running")
         if abs(running_since - owner.process_started) > START_TOLERANCE_S:
-            return Verdict(Action.TAKE_OVER, f"pid {owner.pid} now belongs to another process")
-        return Verdict(Action.REFUSE, "its process is running on this host")
+            return Decision(Action.TAKE_OVER, f"pid {owner.pid} now belongs to another process")
+        return Decision(Action.REFUSE, "its process is running on this host")
     if heartbeat_age_s > stale_s:
-        return Verdict(Action.TAKE_OVER, f"its heartbeat is {heartbeat_age_s:.0f} s old (limit {stale_s:.0f} s)")
-    return Verdict(Action.REFUSE, f"its heartbeat is {heartbeat_age_s:.0f} s old (another host's launch is "
+        return Decision(Action.TAKE_OVER, f"its heartbeat is {heartbeat_age_s:.0f} s old (limit {stale_s:.0f} s)")
+    return Decision(Action.REFUSE, f"its heartbeat is {heartbeat_age_s:.0f} s old (another host's launch is "
                                   f"taken as dead only after {stale_s:.0f} s)")
 
 
@@ -116,7 +116,7 @@ def take_ownership(run_dir: Path) -> Owner:
                 continue
             owner, age = found
             running = process_start(owner.pid) if owner.host == me.host else None
-            decided = verdict(owner, me.host, age, running)
+            decided = decide(owner, me.host, age, running)
             if decided.action is Action.REFUSE:
                 raise RunDirOwnedError(
                     f"run_dir {run_dir} is in use by another launch: {owner.describe()} ({decided.reason}); "

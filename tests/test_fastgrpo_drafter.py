@@ -7,7 +7,7 @@ import torch
 
 from specroll.fastgrpo import FastGRPOConfig, FastGRPODecoder, FeatureDrafter, teacher_forced_sequences
 from specroll.fastgrpo.decoder import DrafterCall
-from specroll.fastgrpo.tree_rule import TreeShape, levels_worth_drafting, node_budget, tree_shape
+from specroll.fastgrpo.tree_rule import TreeShape, levels_worth_drafting, nodes_per_response, tree_shape
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 
@@ -22,9 +22,9 @@ def model():
 @pytest.mark.parametrize("capacity, rows, max_nodes, nodes", [
     (160, 16, 160, 10), (160, 1, 160, 160), (160, 1, 64, 64), (160, 200, 160, 2), (2, 16, 160, 2), (33, 8, 160, 4),
 ])
-def test_node_budget(capacity, rows, max_nodes, nodes):
+def test_nodes_per_response(capacity, rows, max_nodes, nodes):
     """N = max(2, min(floor(C / B), N_max))."""
-    assert node_budget(capacity, rows, max_nodes) == nodes
+    assert nodes_per_response(capacity, rows, max_nodes) == nodes
 
 
 @pytest.mark.parametrize("nodes, shape, levels", [

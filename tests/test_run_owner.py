@@ -17,11 +17,11 @@ from specroll.run_owner import (
     Action,
     Owner,
     RunDirOwnedError,
+    decide,
     heartbeat,
     release_ownership,
     set_aside_stale,
     take_ownership,
-    verdict,
 )
 
 HERE = "node-a"
@@ -39,8 +39,8 @@ OWNER = Owner(HERE, 4242, STARTED, "2026-12-07T12:00:00Z")
     (OWNER, "node-b", 60.0, None, Action.REFUSE),  # another host's, heartbeat fresh
     (OWNER, "node-b", OWNER_STALE_S + 1, None, Action.TAKE_OVER),  # another host's, heartbeat stale
 ])
-def test_the_verdict_on_hand_worked_cases(owner, host, age, running_since, action):
-    assert verdict(owner, host, age, running_since).action is action
+def test_the_decision_on_hand_worked_cases(owner, host, age, running_since, action):
+    assert decide(owner, host, age, running_since).action is action
 
 
 def dead_pid() -> int:

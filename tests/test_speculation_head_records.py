@@ -10,9 +10,9 @@ from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.adaptation.head_records import sketch_tv_and_nll, target_top
-from specroll.speculation.adaptation.maturation import MaturedProposals, Proposal, node_paths, tree_proposals
+from specroll.speculation.adaptation.maturation import MaturedProposals, node_paths, tree_proposals
 from specroll.speculation.drafting.heads import draft_policy_top
-from specroll.speculation.drafting.tree import DraftTree
+from specroll.speculation.drafting.tree import DraftTree, Proposal
 from specroll.speculation.verification.verify import Verdict
 
 

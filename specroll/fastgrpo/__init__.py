@@ -4,7 +4,7 @@ from .config import FastGRPOConfig, OnlineConfig
 from .decoder import FastGRPODecoder
 from .drafter import FeatureDrafter, initial_drafter, shipped_drafter
 from .feature_log import DraftSequences, teacher_forced_sequences
-from .tree_rule import TreeShape, node_budget, tree_shape
+from .tree_rule import TreeShape, nodes_per_response, tree_shape
 
 __all__ = [
     "DraftSequences",
@@ -14,7 +14,7 @@ __all__ = [
     "OnlineConfig",
     "TreeShape",
     "initial_drafter",
-    "node_budget",
+    "nodes_per_response",
     "shipped_drafter",
     "teacher_forced_sequences",
     "tree_shape",

@@ -1,7 +1,7 @@
 """FastGRPO-style speculative decoding step: the drafter's tree, SpecRoll's exact verification.
 
 Plugs into `RolloutEngine` like `SpeculativeDecoder`: each step feeds every row's root (the last
-sampled token) plus its draft tree, verifies all trees in one pass with `speculation.verify` (the
+sampled token) plus its draft tree, verifies all trees in one pass and judges them with `speculation.step.judge` (the
 same sample-and-match rule, the same tree masks), and returns the accepted tokens and the bonus.
 
 Per step: (1) the drafter's cache catches up on the entries the last pass verified, with the
@@ -20,19 +20,19 @@ import torch.nn.functional as F
 
 from specroll.speculation.budgets.profile import get_profile
 from specroll.speculation.drafting.tree import Candidates, select_tree, tree_attention_mask
+from specroll.speculation.step import accepted_width, judge
 from specroll.speculation.verification.pass_counts import PassCounts
 from specroll.speculation.verification.pass_stats import StepLog, tree_stats
 from specroll.speculation.verification.verify import verify_tree
 
 from ..rollout.decode_state import DecodeState, StepResult
 from ..rollout.decoder import DecoderCheckpoint, NoHorizonHeads, prepare_for_decoding
-from ..rollout.sampling import sampling_logprobs
 from ..rollout.stats import CompileStats, DecoderStats
 from .config import FastGRPOConfig
 from .drafter import FeatureDrafter, initial_drafter
 from .feature_log import DraftSequences, FeatureLog
 from .online import DrafterUpdate, OnlineDrafterLearner
-from .tree_rule import TreeShape, levels_worth_drafting, node_budget, tree_shape
+from .tree_rule import TreeShape, levels_worth_drafting, nodes_per_response, tree_shape
 
 
 class DrafterCall:
@@ -97,7 +97,7 @@ class FastGRPODecoder(NoHorizonHeads):
 
     def shape(self, active_rows: int) -> TreeShape:
         c = self.cfg
-        return tree_shape(node_budget(self.capacity, active_rows, c.max_nodes), c.min_depth, c.max_depth,
+        return tree_shape(nodes_per_response(self.capacity, active_rows, c.max_nodes), c.min_depth, c.max_depth,
                           c.depth_scale, c.max_width)
 
     @torch.inference_mode()
@@ -116,17 +116,14 @@ class FastGRPODecoder(NoHorizonHeads):
         depths = torch.cat((torch.zeros_like(roots[:, None]), tree.depths), 1)
         out = self.model(ids, position_ids=base[:, None] + depths, cache=state.cache,
                          new_token_mask=tree_attention_mask(tree, levels))
-        logprobs = sampling_logprobs(out.logits, state.params)
-        uniforms = None if state.params.greedy else state.rng.peek(depths)
-        verdict = self.verify(logprobs, tree, uniforms, state.params.greedy, levels)
-        state.rng.advance(verdict.counts)
+        judged = judge(self.verify, tree, out.logits, out.hidden, state.cache, state.live, state.rng.keys,
+                       state.rng.counters, state.params, levels, accepted_width(tree.num_drafts + 1, levels))
+        verdict, state.last_hidden, state.rng.counters = judged.verdict, judged.last_hidden, judged.counters
         t2 = time.perf_counter()
 
         width = int(verdict.counts.max())
         path = verdict.path[:, :width]
-        state.cache.commit_gather(path, verdict.counts)
         kept = torch.gather(out.hidden, 1, path[..., None].expand(-1, -1, out.hidden.shape[-1]))  # [B, W, D]
-        state.last_hidden = kept[torch.arange(batch, device=kept.device), verdict.counts - 1]
         # The kept positions' true features, each with the token that followed it, enter the drafter's cache next step.
         call.features, call.tokens, call.counts = kept, verdict.tokens[:, :width], verdict.counts
         if call.log is not None:

@@ -18,7 +18,7 @@ class TreeShape(NamedTuple):
     width: int  # K, children per expanded node and nodes expanded per level
 
 
-def node_budget(capacity: int, active_rows: int, max_nodes: int) -> int:
+def nodes_per_response(capacity: int, active_rows: int, max_nodes: int) -> int:
     """N = max(2, min(floor(C / B), N_max))."""
     return max(2, min(capacity // max(active_rows, 1), max_nodes))
 

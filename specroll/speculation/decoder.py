@@ -1,17 +1,17 @@
-"""Speculative decoding step: draft a sparse tree per response, verify all trees in one pass.
+"""Speculative decoding: a sparse draft tree per response, all trees verified in one pass.
 
 Plugs into `RolloutEngine` like the plain decoder (`rollout.decoder.Decoder`): it feeds each row's
 last sampled token (the root) plus its draft tree, and returns the accepted tokens and the bonus
-token. A step drafts (`drafted_tree`), verifies (`verify_pass`, or the plain step where no tree
-pays) and learns from the verdict (`learn_from_pass`); where trees run without host reads, one
-fixed-shape sync-free tree step does all three (`verification.sync_free_step`). Where the budget
-decodes plain, would-be trees are scored against the emitted tokens (`verification.would_be`).
+token. The step itself, draft -> verify -> judge -> learn, is `speculation/step.py`; this decoder
+sizes each step's tree (its node budget), keeps the drafters' running estimates and the step
+counts between steps, and adds what a step that reads on the host learns besides (Reflex, the
+slow path's records, sibling and history lookup). Where the budget decodes plain, would-be trees
+are scored against the emitted tokens (`verification.would_be`).
 """
 from __future__ import annotations
 
 import time
 import warnings
-from typing import NamedTuple
 
 import torch
 
@@ -19,7 +19,6 @@ from specroll.rollout.compiled_step import StepFunction
 from specroll.rollout.decode_state import DecodeState, StepResult
 from specroll.rollout.decoder import DecoderCheckpoint, prepare_for_decoding
 from specroll.rollout.plain_decoder import PlainDecoder
-from specroll.rollout.sampling import sampling_logprobs
 from specroll.rollout.stats import CompileStats, DecoderStats
 
 from .adaptation.head_records import HeadRecords, RecordCollector
@@ -31,20 +30,32 @@ from .budgets.tree_gate import TreeGate
 from .config import SpeculationConfig
 from .drafting.heads import HorizonHeads, shipped_heads
 from .drafting.heads_state import HeadsState
-from .drafting.lookup import LookupAcceptance, LookupDrafts, add_lookup_candidates, lookup_drafts
-from .drafting.suffix_drafts import SuffixChains, SuffixDrafts
-from .drafting.tree import Candidates, DraftTree, draft_candidates, no_candidates, select_tree
-from .verification.pass_counts import PassCounts
-from .verification.pass_stats import StepLog, tree_stats
-from .verification.sync_free_step import (
+from .drafting.lookup import LookupAcceptance
+from .drafting.suffix_drafts import SuffixDrafts
+from .step import (
+    Drafts,
+    DraftedTree,
+    Judged,
+    Learned,
+    StepSettings,
     SyncFreeTreeStep,
+    accepted_width,
+    candidates,
+    drafted_tree,
+    judge,
+    learn,
+    moved_past,
     node_bucket,
     runs_sync_free_trees,
+    step_settings,
     sync_free_bucket,
     sync_free_buckets,
     tree_forward,
+    tree_inputs,
+    verify,
 )
-from .verification.tree_step import calibrated, padded_tree_inputs
+from .verification.pass_counts import PassCounts
+from .verification.pass_stats import StepLog, tree_stats
 from .verification.verify import Verdict, verify_tree
 from .verification.would_be import WouldBeTrees
 from .verification.would_be_step import scored_would_be, start_would_be
@@ -69,18 +80,6 @@ def initial_heads(model, cfg: SpeculationConfig) -> HorizonHeads:
     if path:
         return HorizonHeads.load(path, model)
     return HorizonHeads.for_model(model, cfg.head_type, cfg.num_heads)
-
-
-class DraftedTree(NamedTuple):
-    """What a step verifies: its node budget (1: a plain step), and the drafts and tree behind it."""
-
-    budget: int
-    candidates: Candidates | None  # the heads' and lookup's drafts; None in a plain step
-    lookup: LookupDrafts | None  # each row's context lookup chain; None when off or plain
-    suffix: SuffixChains | None  # each row's sibling and history chains; None when both are off or plain
-    tree: DraftTree | None  # the budget's best nodes of the candidates; None in a plain step
-    roots: torch.Tensor  # [B] each row's last token before the pass
-    hidden: torch.Tensor  # [B, H] the policy's hidden state at it, which the heads drafted from
 
 
 class SpeculativeDecoder:
@@ -230,23 +229,29 @@ class SpeculativeDecoder:
         step but for the tree gate's counts every `tree_gate.READ_EVERY` steps)."""
         return self.sync_free is not None or self.planned_step_drafts(state.live_rows) == 0
 
+    def settings(self, drafts: int) -> StepSettings:
+        """What a step drafting `drafts` candidates per depth reads besides tensors."""
+        return step_settings(self.cfg, drafts, self.depth, self.lookup_acceptance.momentum)
+
+    def lookup_rate(self) -> torch.Tensor | None:
+        """The context lookup chain's acceptance estimates (None: no context lookup)."""
+        return self.lookup_acceptance.rate if self.cfg.context_lookup else None
+
     @torch.inference_mode()
     def step(self, state: DecodeState) -> StepResult:
-        """One decode step of every row: draft a tree (or none), verify it in one pass (or take the
-        plain step), then learn from the verdict. Where trees run without host reads, one
-        sync-free tree step instead."""
+        """One decode step of every row (speculation/step.py): draft a tree (or none), verify and
+        judge it in one pass (or take the plain step), then learn from the verdict. Where trees run
+        without host reads, one sync-free tree step instead."""
         if self.sync_free is not None and (budget := self.node_budget(state.live_rows)) > 1:
             return scored_would_be(self, state, self.sync_free_tree_step(state, budget))
         t0 = time.perf_counter()
         batch = state.last_tokens.shape[0]  # finished rows included before a sync-free step
         drafted = self.drafted_tree(state)
         t1 = time.perf_counter()
-        if drafted.budget > 1:
-            verdict, logits, logprobs = self.verify_pass(state, drafted.tree, drafted.budget)
-        else:
-            verdict, logits, logprobs = self.plain_pass(state), None, None
+        judged = self.verify_pass(state, drafted) if drafted.budget > 1 else None
+        verdict = judged.verdict if judged is not None else self.plain_pass(state)
         t2 = time.perf_counter()
-        self.learn_from_pass(state, drafted, verdict, logits, logprobs)
+        self.learn_from_pass(state, drafted, verdict, judged)
         ended = time.perf_counter()
         self.step_log.time_draft_s += t1 - t0
         self.step_log.time_verify_s += t2 - t1
@@ -256,45 +261,34 @@ class SpeculativeDecoder:
         return scored_would_be(self, state, StepResult(verdict.tokens, verdict.logprobs, verdict.counts))
 
     def drafted_tree(self, state: DecodeState) -> DraftedTree:
-        """This step's drafts and the tree it verifies, sized by the node budget (1: a plain step)."""
+        """Draft (step 1): this step's drafts and the tree it verifies, sized by the node budget (1: a plain step)."""
         started = time.perf_counter()
-        drafts, cands, lookup, suffix = self.planned_step_drafts(state.live_rows), None, None, None
-        budget = 1 if drafts == 0 else drafts + 1
-        if drafts > 0:
-            cands, lookup, suffix = self.draft(state, drafts)
+        planned = self.planned_step_drafts(state.live_rows)
+        budget = 1 if planned == 0 else planned + 1
+        drafts = self.draft(state, planned) if planned > 0 else None
+        cands = None if drafts is None else drafts.candidates
         if self.cost_model is not None:  # it planned the drafts; they pick N_t
-            budget = self.cost_model.drafted(cands, drafts, state.last_tokens.shape[0], time.perf_counter() - started)
+            budget = self.cost_model.drafted(cands, planned, state.last_tokens.shape[0], time.perf_counter() - started)
         if budget == 1:
             self.pass_counts.add_plain(state.live)  # finished rows emit nothing
             if self.gate is not None:
                 self.gate.note_plain()
             if self.would_be is not None:  # drafts as deep as a would-be tree's serve as one
-                start_would_be(self, state, cands if drafts >= self.cfg.fixed_nodes - 1 else None)
-        tree = select_tree(cands, budget - 1) if budget > 1 else None
-        return DraftedTree(budget, cands, lookup, suffix, tree, state.last_tokens, state.last_hidden)
+                start_would_be(self, state, cands if planned >= self.cfg.fixed_nodes - 1 else None)
+        return drafted_tree(budget, drafts, state.last_tokens, state.last_hidden)
 
-    def draft(self, state: DecodeState, max_drafts: int) -> tuple[Candidates, LookupDrafts | None, SuffixChains | None]:
-        """The heads' candidates (none with head_drafts off), plus each row's context lookup chain
-        and its sibling and history chains (None where off), each scored by its own estimates."""
-        depth = min(self.depth, max_drafts)
-        if self.cfg.head_drafts:
-            sketch = self.cfg.reflex.sketch_size if self.reflex is not None or self.records is not None else 0
-            adjust = None if self.reflex is None else self.reflex.correction(state)
-            cands = draft_candidates(self.heads, self.model, state.last_hidden, state.last_tokens, max_drafts,
-                                     (self.observed / self.predicted).log(), self.cfg.max_children,
-                                     self.cfg.max_frontier, adjust, sketch)
-        else:
-            cands = no_candidates(state.last_tokens)
-        lookup = suffix = None
-        if self.cfg.context_lookup:
-            history = state.history
-            lookup = lookup_drafts(history.tokens, history.lengths, self.cfg.lookup_ngram, depth)
-            cands = add_lookup_candidates(cands, lookup, self.lookup_acceptance.step_logp(lookup))
-        if self.suffix is not None:
-            suffix = self.suffix.chains(state, depth)
-            for chain, step_logp in self.suffix.scored(suffix):
-                cands = add_lookup_candidates(cands, chain, step_logp)
-        return cands, lookup, suffix
+    def draft(self, state: DecodeState, max_drafts: int) -> Drafts:
+        """The step's candidates (`step.candidates`) with Reflex's correction and sketches where on,
+        and each row's context lookup chain and its sibling and history chains (None where off)."""
+        suffix = None if self.suffix is None else self.suffix.chains(state, min(self.depth, max_drafts))
+        sketch = self.cfg.reflex.sketch_size if self.reflex is not None or self.records is not None else 0
+        # Reflex corrects the heads' states: asked only where the heads draft.
+        adjust = self.reflex.correction(state) if self.reflex is not None and self.cfg.head_drafts else None
+        cands, lookup = candidates(self.heads, self.model, state.last_tokens, state.last_hidden,
+                                   (self.observed / self.predicted).log(), state.history.tokens, state.history.lengths,
+                                   self.lookup_rate(), self.settings(max_drafts), adjust, sketch, self.cfg.head_drafts,
+                                   () if suffix is None else self.suffix.scored(suffix))
+        return Drafts(cands, lookup, suffix)
 
     def remember_responses(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> None:
         """Keep a generate call's responses (prompt-major, `group_size` per prompt) for history
@@ -302,28 +296,17 @@ class SpeculativeDecoder:
         if self.suffix is not None:
             self.suffix.remember(prompts, responses, group_size)
 
-    def verify_pass(self, state: DecodeState, tree: DraftTree, budget: int):
-        """One forward over every row's root and tree, the exact acceptance rule, and the
-        accepted paths kept in the cache: (verdict, logits, sampling log-probs)."""
-        roots, cache = state.last_tokens, state.cache
-        lengths = cache.lengths[: roots.shape[0]]
-        # Padded to a bucket of node counts, so the compiled forward meets few shapes.
-        nodes = node_bucket(budget, self.cfg.max_nodes)
-        ids, depths, mask = padded_tree_inputs(roots, tree, nodes, self.depth)
-        logits, hidden = self.verify_forward(self.model.form, self.model, ids, lengths[:, None] + depths, cache, mask,
-                                             state.span(nodes))
-        logits, hidden = logits[:, :budget], hidden[:, :budget]
-        logprobs = sampling_logprobs(logits, state.params)
-        uniforms = None if state.params.greedy else state.rng.peek(depths[:, :budget])
-        verdict = self.verify(logprobs, tree, uniforms, state.params.greedy, self.depth)
-        state.rng.advance(verdict.counts)
-        # The longest path a tree of this budget can accept, known on the host without reading the counts.
-        width = min(budget, self.depth + 1)
-        cache.commit_gather(verdict.path[:, :width], verdict.counts * state.live)
-        state.cached_bound += width
-        last = torch.gather(verdict.path, 1, (verdict.counts - 1)[:, None])
-        state.last_hidden = torch.gather(hidden, 1, last[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
-        return verdict, logits, logprobs
+    def verify_pass(self, state: DecodeState, drafted: DraftedTree) -> Judged:
+        """Verify and judge (steps 2 and 3) at the tree's node bucket: the accepted paths kept in
+        the cache, the state moved past them."""
+        budget, depth = drafted.budget, self.depth
+        inputs = tree_inputs(drafted.roots, drafted.tree, drafted.lookup, node_bucket(budget, self.cfg.max_nodes), depth)
+        logits, hidden = verify(self.verify_forward, self.model, state, inputs)
+        width = accepted_width(budget, depth)
+        judged = judge(self.verify, drafted.tree, logits, hidden, state.cache, state.live, state.rng.keys,
+                       state.rng.counters, state.params, depth, width)
+        moved_past(state, judged.last_hidden, judged.counters, width)
+        return judged
 
     def plain_pass(self, state: DecodeState) -> Verdict:
         """A root-only step is the plain decode step (compiled where that is on), so a step that
@@ -335,45 +318,48 @@ class SpeculativeDecoder:
             state.last_hidden = state.last_hidden.clone()
         return Verdict.of_plain_step(step)
 
-    def learn_from_pass(self, state: DecodeState, drafted: DraftedTree, verdict: Verdict, logits, logprobs) -> None:
-        """What a pass teaches (`logits`, `logprobs`: the verify forward's, None after a plain step):
-        the heads' calibration, the lookup chain's acceptance, the pass counts, Reflex's fast state
-        and the slow path's head records."""
+    def learn_from_pass(self, state: DecodeState, drafted: DraftedTree, verdict: Verdict, judged: Judged | None) -> None:
+        """Learn (step 4) from a pass (`judged`: None after a plain step): the heads' calibration, the
+        lookup chains' acceptance, the pass counts, and where on, Reflex's fast state and the slow
+        path's head records."""
         budget, cands, tree = drafted.budget, drafted.candidates, drafted.tree
-        if budget > 1:
-            self.observed, self.predicted = calibrated(self.observed, self.predicted, verdict, state.live,
-                                                       self.cfg.calibration_momentum)
         emitted = verdict.counts * state.live  # finished rows waiting in the batch emit nothing
-        lookup = drafted.lookup
-        on_chain = None if lookup is None else self.lookup_acceptance.update(lookup, verdict.tokens, emitted)
+        if judged is not None:
+            self.keep_learned(learn(verdict, state.live, self.observed, self.predicted, self.lookup_rate(),
+                                    drafted.lookup, self.settings(budget - 1)))
+        elif drafted.lookup is not None:  # drafted, then decoded plain: the emitted token still says how the chain did
+            self.lookup_acceptance.update(drafted.lookup, verdict.tokens, emitted)
         if drafted.suffix is not None:
             self.suffix.learn(drafted.suffix, verdict.tokens, emitted)
         self.step_log.budget_per_step.append(budget)
-        if budget > 1:  # a plain step's one token per live row is counted in drafted_tree
-            self.pass_counts.add_pass(verdict.counts, state.live, verdict.accepted_at_depth, on_chain)
         matured = matured_proposals(cands.proposals, tree, verdict) if budget > 1 and cands.proposals else None
         if self.reflex is not None:
+            logprobs = None if judged is None else judged.logprobs
             self.reflex.learn(state, matured, verdict, logprobs, self.model.lm_head.weight, self.heads.draft_vocab)
         if self.records is not None and matured is not None:
             started = time.perf_counter()
-            self.records.add_pass(matured, logits, verdict, tree, drafted.hidden, drafted.roots,
+            self.records.add_pass(matured, judged.logits, verdict, tree, drafted.hidden, drafted.roots,
                                   state.history.lengths - state.prompt_lengths, state.row_ids, self.heads.version,
                                   proposals=cands.proposals, draft_vocab=self.heads.draft_vocab)
             self.step_log.time_records_s += time.perf_counter() - started
 
+    def keep_learned(self, learned: Learned) -> None:
+        """Keep what a tree pass taught (`step.learn`) as the decoder's running estimates and counts."""
+        with torch.inference_mode(False):  # the decoder's own estimates outlive the generate call
+            self.observed, self.predicted = learned.observed.clone(), learned.predicted.clone()
+            if learned.lookup_rate is not None:
+                self.lookup_acceptance.rate = learned.lookup_rate.clone()
+        self.pass_counts.totals += learned.pass_increments
+
     def sync_free_tree_step(self, state: DecodeState, budget: int) -> StepResult:
         """A sync-free tree step of `budget` nodes (the tree gate reads its counts every READ_EVERY
         steps), then what it taught: the calibration, the lookup chain's acceptance, the counts."""
-        ran = self.sync_free(self.model, self.heads, self.depth, self.verify, state, budget, self.observed,
-                             self.predicted, self.lookup_acceptance)
+        ran = self.sync_free(self.model, self.heads, self.verify, state, budget, self.observed, self.predicted,
+                             self.lookup_rate(), self.settings(self.sync_free.drafts))
         judged = ran.judged
-        with torch.inference_mode(False):  # the decoder's own estimates outlive the generate call
-            self.observed, self.predicted = judged.observed.clone(), judged.predicted.clone()
-            if judged.lookup_rate is not None:
-                self.lookup_acceptance.rate = judged.lookup_rate.clone()
-        self.pass_counts.totals += judged.pass_increments
+        self.keep_learned(judged.learned)
         if self.gate is not None:
-            self.gate.note_tree(ran.nodes, judged.pass_increments[: self.max_tokens_per_step + 1])
+            self.gate.note_tree(ran.nodes, judged.learned.pass_increments[: self.max_tokens_per_step + 1])
         self.step_log.budget_per_step.append(budget)
         self.step_log.time_draft_s += ran.draft_s
         self.step_log.time_verify_s += ran.verify_s

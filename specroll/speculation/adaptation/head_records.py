@@ -20,8 +20,9 @@ from typing import NamedTuple
 import torch
 
 from ..drafting.heads import draft_policy_top
+from ..drafting.tree import Proposal
 from .drift_detector import HeadTelemetry, depth_bucket, merge_telemetry
-from .maturation import MaturedProposals, Proposal, node_paths, tree_proposals
+from .maturation import MaturedProposals, node_paths, tree_proposals
 from .replay import MaturedRecords, cat_records
 
 TARGET_TOP_K = 32  # target tokens kept per record

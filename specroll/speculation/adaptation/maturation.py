@@ -1,7 +1,7 @@
 """Draft records that mature in a verify pass: the heads' proposal at a node meets the policy there.
 
 While drafting, each depth keeps a sketch of head k's distribution over the children of every
-frontier node (`Proposal`: top-m log-probs and ids). The verify pass then gives the policy's
+frontier node (`drafting.tree.Proposal`: top-m log-probs and ids). The verify pass then gives the policy's
 distribution at every tree node. Along a row's accepted path (the root, the accepted nodes and
 the last reached one) the node at depth j was drafted from by head j + 1 whenever it was on
 that depth's frontier: that proposal and the policy's distribution there form a matured
@@ -16,15 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass
-class Proposal:
-    """The heads' sketch at one depth of drafting: for each frontier node, head k's top-m
-    distribution over that node's children."""
-
-    parents: torch.Tensor  # [B, F] candidate id of the node drafted from (-1: the root)
-    top_logp: torch.Tensor  # [B, F, m] head log-probs (normalised over the draft vocabulary)
-    top_ids: torch.Tensor  # [B, F, m] their token ids
+from ..drafting.tree import Proposal
 
 
 @dataclass

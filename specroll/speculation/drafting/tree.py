@@ -19,10 +19,18 @@ from dataclasses import dataclass
 
 import torch
 
-from ..adaptation.maturation import Proposal
-
 # Ranks a child strictly below its parent even when its own step has probability one.
 _DEPTH_TIEBREAK = 1e-4
+
+
+@dataclass
+class Proposal:
+    """The heads' sketch at one depth of drafting: for each frontier node, head k's top-m
+    distribution over that node's children."""
+
+    parents: torch.Tensor  # [B, F] candidate id of the node drafted from (-1: the root)
+    top_logp: torch.Tensor  # [B, F, m] head log-probs (normalised over the draft vocabulary)
+    top_ids: torch.Tensor  # [B, F, m] their token ids
 
 
 @dataclass
@@ -34,7 +42,7 @@ class Candidates:
     depths: torch.Tensor  # [B, C] 1..H
     scores: torch.Tensor  # [B, C] estimated log-probability of acceptance (-inf = unusable)
     head_probs: torch.Tensor  # [B, C] head probability of the token given its parent
-    proposals: list | None = None  # the heads' sketch at each depth (`maturation.Proposal`), if asked for
+    proposals: list[Proposal] | None = None  # the heads' sketch at each depth (`Proposal`), if asked for
 
     def ranked(self) -> torch.Tensor:
         """Candidate order by decreasing score, parents always before their children: [B, C]."""

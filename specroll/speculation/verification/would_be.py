@@ -19,7 +19,7 @@ from ..drafting.tree import Candidates, DraftTree
 
 class WouldBeDone(NamedTuple):
     """The trees that a call of `WouldBeTrees.advance` finished, one row each (as a verdict's
-    calibration signals, `tree_step.calibrated`)."""
+    calibration signals, `step.calibrated`)."""
 
     done: torch.Tensor  # [B] whether the row's tree finished
     accepted_at_depth: torch.Tensor  # [B, H] whether depth d+1 was accepted

@@ -9,7 +9,7 @@ import torch
 from specroll.rollout.decode_state import DecodeState, StepResult
 
 from ..drafting.tree import Candidates, select_tree
-from .tree_step import calibrated
+from ..step import calibrated
 from .would_be import node_ranks
 
 
@@ -25,7 +25,7 @@ def start_would_be(decoder, state: DecodeState, cands: Candidates | None) -> Non
     started = time.perf_counter()
     drafts = cfg.fixed_nodes - 1
     if cands is None:
-        cands, _, _ = decoder.draft(state, drafts)
+        cands = decoder.draft(state, drafts).candidates
     tree = select_tree(cands, drafts)
     decoder.would_be.start(state.row_ids, tree, node_ranks(cands, tree), state.live)
     decoder.plain_steps_since_would_be = 0
