@@ -153,8 +153,9 @@ def test_invalid_configs_fail_before_anything_starts(tmp_path):
 
 def test_limits_of_the_model_fail_before_any_actor_starts_naming_the_field(tmp_path):
     cfg = config(tmp_path, ["rollout.max_new_tokens=253", "learner.max_response_len=254"])
-    with pytest.raises(PreflightError, match=r"rollout.max_new_tokens \(253\) "
-                                             r"\+ rollout.speculation.max_nodes \(4\) = 257 exceeds"):
+    with pytest.raises(PreflightError, match=r"rollout.max_new_tokens must be <= 252, got 253: it \+ "
+                                             r"rollout.speculation.max_nodes \(4\) must fit in the context of "
+                                             r"model.name 'tiny-llama' \(256 tokens\)"):
         run_training(cfg)
     # Preflight fails before the config is saved, and so before Ray or any actor starts.
     assert not (tmp_path / "run").exists()
