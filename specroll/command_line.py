@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from specroll.actors.remote_calls import ActorFailedError, ClusterLostError
+from specroll.actor_errors import ActorFailedError, ClusterLostError
 from specroll.configs import TrainConfig, load_train_config
 from specroll.configs.renames import renamed_overrides
 from specroll.run_owner import RunDirOwnedError

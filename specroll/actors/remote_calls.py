@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RaySystemError, RayTaskError
 
+from specroll.actor_errors import ActorFailedError, ActorTimeoutError, ClusterLostError
+
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 # Between two looks at the cluster's GCS: Ray itself ends a process whose GCS stays gone for
 # gcs_rpc_server_reconnect_timeout_s (60 s by default), so the loss is named well before.
@@ -19,18 +21,6 @@ CLUSTER_LOST_ERRORS = (RaySystemError, GetTimeoutError, ConnectionError)
 # Ray learns of a killed or crashed process within about a second, of a lost node within its health checks.
 DEATH_GRACE_S = 20.0
 DEATH_CAUSE = "The actor is dead because"  # the line of Ray's message saying why (killed, out of memory, its node died)
-
-
-class ActorFailedError(RuntimeError):
-    """A named actor died, raised, or did not answer a remote call in time."""
-
-
-class ActorTimeoutError(ActorFailedError):
-    """A named actor did not answer a remote call within the timeout."""
-
-
-class ClusterLostError(RuntimeError):
-    """The Ray cluster itself (its GCS) is gone: no actor is to blame, none can answer."""
 
 
 def reason(exc: BaseException) -> str:
