@@ -19,7 +19,7 @@ from specroll.rollout.engine import batch_bucket
 from specroll.rollout.plain_decoder import decode_one_token
 from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.budgets import tree_gate
-from specroll.speculation.budgets.profile import HardwareProfile
+from specroll.speculation.budgets.hardware_profile import HardwareProfile
 
 EOS_IDS = [1, 2, 3]
 PROMPTS = [[5, 9, 13], [7, 8, 20, 21, 22, 23, 24, 25], [30, 31]]

@@ -11,7 +11,7 @@ from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.budgets import tree_gate
-from specroll.speculation.budgets.profile import HardwareProfile
+from specroll.speculation.budgets.hardware_profile import HardwareProfile
 from specroll.speculation.budgets.tree_gate import TreeGate, trees_pay
 from specroll.speculation.warmup import tree_form
 

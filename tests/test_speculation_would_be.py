@@ -8,7 +8,7 @@ from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.budgets.cost_model import CostModel
-from specroll.speculation.budgets.profile import HardwareProfile
+from specroll.speculation.budgets.hardware_profile import HardwareProfile
 from specroll.speculation.drafting.tree import DraftTree
 from specroll.speculation.verification.would_be import WouldBeTrees
 

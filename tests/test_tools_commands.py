@@ -10,7 +10,7 @@ from specroll.fastgrpo import FeatureDrafter
 from specroll.learner import export_hf
 from specroll.models import build_tiny_model, load_causal_lm
 from specroll.speculation import HorizonHeads
-from specroll.speculation.budgets.profile import HardwareProfile
+from specroll.speculation.budgets.hardware_profile import HardwareProfile
 from specroll.tools import pretrain_drafter, profile, train_heads
 
 SMOLLM2_VOCAB = 49152  # prompts are SmolLM2 token ids

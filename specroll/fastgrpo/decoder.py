@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from specroll.speculation.budgets.profile import get_profile
+from specroll.speculation.budgets.hardware_profile import get_profile
 from specroll.speculation.drafting.tree import Candidates, select_tree, tree_attention_mask
 from specroll.speculation.step import accepted_width, judge
 from specroll.speculation.verification.pass_counts import PassCounts

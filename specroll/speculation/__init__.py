@@ -1,7 +1,7 @@
 """Exact speculative rollouts: horizon heads, sparse draft trees, one-pass tree verification."""
 from .adaptation.drift_detector import DriftConfig, DriftDetector, HeadTelemetry
 from .adaptation.replay import MaturedRecords, ReplayMemory
-from .budgets.profile import HardwareProfile, get_profile, measure_profile
+from .budgets.hardware_profile import HardwareProfile, get_profile, measure_profile
 from .config import SpeculationConfig
 from .decoder import SpeculativeDecoder
 from .drafting.heads import HorizonHeads, shipped_heads

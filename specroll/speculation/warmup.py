@@ -15,7 +15,7 @@ from specroll.rollout.decode_state import DecodeState, cache_shape, span_bucket
 from specroll.rollout.sampling import RowRandom, SamplingParams
 from specroll.rollout.token_history import TokenHistory
 
-from .budgets.profile import HardwareProfile, get_profile
+from .budgets.hardware_profile import HardwareProfile, get_profile
 from .config import SpeculationConfig
 from .drafting.heads import HorizonHeads
 

@@ -1,6 +1,6 @@
 """Hardware profile: verify-forward latency over batch sizes x nodes per row, and C_hw.
 
-Measures the grid (`specroll.speculation.budgets.profile`), caches it where the engine reads
+Measures the grid (`specroll.speculation.budgets.hardware_profile`), caches it where the engine reads
 profiles, and prints it:
 
     python -m specroll.tools.profile --model smollm2-135m-instruct [--dtype float32] [--quick]
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from specroll.models import load_causal_lm
-from specroll.speculation.budgets.profile import FULL_GRID, QUICK_GRID, HardwareProfile, measure_profile
+from specroll.speculation.budgets.hardware_profile import FULL_GRID, QUICK_GRID, HardwareProfile, measure_profile
 
 from .flags import add_policy_flags
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .policies import cost_model_budget, speculation_may_pay
-from .profile import HardwareProfile
+from .hardware_profile import HardwareProfile
 
 PLAN_SLACK = 0.9
 DRAFT_PROBE_EVERY = 4

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .profile import HardwareProfile
+from .hardware_profile import HardwareProfile
 
 BUDGET_POLICIES = ("auto", "fixed", "concurrency", "cost_model")
 

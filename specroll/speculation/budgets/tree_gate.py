@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .profile import HardwareProfile
+from .hardware_profile import HardwareProfile
 
 READ_EVERY = 16  # tree steps between two host reads of the counts (a read waits for the GPU)
 PROBE_EVERY = 64  # steps without a closed bucket's trees before a probe measures it again

@@ -9,7 +9,7 @@ from specroll.models.prepacked_linear import PrepackedLinear
 from specroll.rollout import RolloutEngine, SamplingParams
 from specroll.speculation import SpeculationConfig, SpeculativeDecoder
 from specroll.speculation.budgets.policies import cost_model_budget, resolve_budget, speculation_may_pay
-from specroll.speculation.budgets.profile import HardwareProfile, get_profile, measure_profile
+from specroll.speculation.budgets.hardware_profile import HardwareProfile, get_profile, measure_profile
 
 
 def table_profile(latency_ms: list[list[float]]) -> HardwareProfile:
