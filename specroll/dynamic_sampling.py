@@ -51,7 +51,7 @@ class FilledBatch(NamedTuple):
     """A step's groups with signal, and how many rounds and groups it took."""
 
     # the groups trained on (a skipped step's: every group drawn, for its rollout/* and log), in draw
-    # order, with every round's engine telemetry
+    # order, with the first round's engine telemetry and every round's head records
     rollouts: Rollouts
     skip: bool  # no update this step
     metrics: dict[str, float]  # rollout/resample_rounds, rollout/resampled_groups, rollout/kept_groups, ...
@@ -70,11 +70,11 @@ def fill_batch(first: Rollouts, target: int, cfg: DynamicSamplingConfig, ranks: 
         rounds.append(sample(sum(len(r) for r in rounds), decision.sample_more))
     drawn, extra = sum(len(r) for r in rounds), len(rounds) - 1
     groups = rounds if decision.skip else [r.select(range(g, g + 1)) for r, g in kept[: decision.keep]]
-    rollouts = replace(Rollouts.concat(groups),
-                       engine_stats=[s for r in rounds for s in r.engine_stats],
-                       head_records=[h for r in rounds for h in r.head_records],
-                       drafter_updates=[u for r in rounds for u in r.drafter_updates],
-                       gen_s=sum(r.gen_s for r in rounds), reward_s=sum(r.reward_s for r in rounds))
+    # Engine stats and times stay the first round's (stats of parallel shards, phases that stack with
+    # timing_s/resample); the slow path learns from every round's drafts.
+    rollouts = replace(Rollouts.concat(groups), engine_stats=first.engine_stats, drafter_updates=first.drafter_updates,
+                       head_records=[h for r in rounds for h in r.head_records], gen_s=first.gen_s,
+                       reward_s=first.reward_s)
     metrics = {m.RESAMPLE_ROUNDS: float(extra), m.RESAMPLED_GROUPS: float(drawn - len(first)),
                m.KEPT_GROUPS: float(decision.keep), m.DROPPED_GROUPS: float(drawn - decision.keep),
                m.STEP_SKIPPED: float(decision.skip), m.TIME_RESAMPLE: clock() - started if extra else 0.0}

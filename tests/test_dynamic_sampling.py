@@ -56,9 +56,17 @@ def test_rounds_fill_the_batch_with_the_first_groups_with_signal_in_draw_order()
     assert calls == [(3, 2), (5, 1), (6, 1)]
     assert filled.rollouts.prompt_indices == [1, 4, 6] and not filled.skip
     assert filled.rollouts.rewards == [1, 0, 1, 0, 0, 1]
-    assert filled.rollouts.gen_s == 7.0 and filled.rollouts.reward_s == 2.0  # the rounds ran one after another
+    assert filled.rollouts.gen_s == 1.0 and filled.rollouts.reward_s == 0.5  # the first round's: extra ones are resample time
     assert filled.metrics == {m.RESAMPLE_ROUNDS: 3.0, m.RESAMPLED_GROUPS: 4.0, m.KEPT_GROUPS: 3.0,
                               m.DROPPED_GROUPS: 4.0, m.STEP_SKIPPED: 0.0, m.TIME_RESAMPLE: 1.0}
+
+
+def test_at_the_cap_a_step_trains_on_the_groups_its_learner_ranks_share():
+    cfg = DynamicSamplingConfig(enabled=True, max_extra_rounds=1)
+    filled = fill_batch(rollouts(0, [0, 1, 0, 0, 1, 0]), 4, cfg, 2, lambda first, count: rollouts(first, [1, 0, 1, 1]),
+                        iter(range(100)).__next__)
+    assert not filled.skip and filled.rollouts.prompt_indices == [0, 2]  # 3 kept, 2 ranks: the first 2
+    assert filled.metrics[m.KEPT_GROUPS] == 2.0 and filled.metrics[m.DROPPED_GROUPS] == 3.0
 
 
 def test_at_the_cap_a_skipped_step_keeps_every_group_drawn_for_its_log():

@@ -39,6 +39,7 @@ def test_a_skipped_step_draws_its_extra_rounds_from_the_stream_and_resume_contin
     assert [(r[m.RESAMPLE_ROUNDS], r[m.RESAMPLED_GROUPS], r[m.KEPT_GROUPS], r[m.DROPPED_GROUPS], r[m.STEP_SKIPPED])
             for r in rows] == [(4, 4, 0, 6, 1)] * 3
     assert all(r[m.TIME_RESAMPLE] > 0 and m.LOSS not in r for r in rows) and whole.policy_version == 0
+    assert "resample " in whole.table  # where the step's time went
     logged = read_rollouts(tmp_path / "whole")
     assert [logged[s].prompt_indices for s in range(3)] == [list(range(6))] * 3
     assert whole.data_position == {"epoch": 1, "index": 2}  # 18 prompts of 16

@@ -72,8 +72,8 @@ TRAIN_TOKENS_PER_S = metric("perf/train_tokens_per_s", "prompt + response tokens
 STEP_TIME_S = metric("perf/step_time_s", "wall-clock seconds of the whole training step, with the checkpoint saved after the one before")
 
 # timing_s/*: seconds spent in each phase of the step, as the driver sees them.
-TIME_GEN = metric("timing_s/gen", "generating responses")
-TIME_REWARD = metric("timing_s/reward", "scoring responses")
+TIME_GEN = metric("timing_s/gen", "generating responses (dynamic sampling's extra rounds: timing_s/resample)")
+TIME_REWARD = metric("timing_s/reward", "scoring responses (dynamic sampling's extra rounds: timing_s/resample)")
 TIME_OLD_LOGPROB = metric("timing_s/old_logprob", "separate pass scoring the responses under the policy before the "
                           "update (0 with one epoch of one mini-batch: the update's forward gives them)")
 TIME_UPDATE = metric("timing_s/update", "the learner's update (all epochs and mini-batches)")
