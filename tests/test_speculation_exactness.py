@@ -55,6 +55,14 @@ def model(request):
     return build_tiny_model(request.param, vocab_size=VOCAB, eos_token_ids=[EOS], init_std=0.2, seed=3).requires_grad_(False)
 
 
+@pytest.fixture(autouse=True)
+def statistics_tier_on_the_llama_alone(request):
+    """Qwen3 runs every tier's quick settings; the minutes of the statistics tier run on the Llama once."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec and callspec.params.get("model") != "llama" and request.node.get_closest_marker("statistics"):
+        pytest.skip("the statistics tier runs on the Llama; this architecture runs the quick settings")
+
+
 @pytest.fixture(scope="module")
 def oracle(model):
     return hf_oracle(model)

@@ -42,7 +42,7 @@ CONSOLIDATION = "head-consolidation actor"
 MATRIX = [
     ("rollout actor 0", GENERATE, "rollout actor 0 died during generate"),
     ("rollout actor 0", WEIGHT_SYNC, "rollout actor 0 died during sync_policy"),
-    ("rollout actor 0", HEAD_UPDATE, "rollout actor 0 died during sync_policy"),  # found at the next sync
+    ("rollout actor 0", HEAD_UPDATE, "rollout actor 0 died during decoder_checkpoint"),  # found at the save
     ("learner rank 0", WEIGHT_SYNC, "learner rank 0 died during sync_policy"),
     ("learner rank 0", TRAIN, "learner rank 0 died during train"),
     ("learner rank 0", SAVE, "learner rank 0 died during save_checkpoint"),
