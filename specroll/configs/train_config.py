@@ -77,9 +77,9 @@ class TrainConfig:
         require(cluster.num_rollout_actors <= data.prompts_per_step, "cluster.num_rollout_actors",
                 cluster.num_rollout_actors, f"<= data.prompts_per_step ({data.prompts_per_step})",
                 why="each rollout actor needs at least one prompt")
-        require(self.target_groups % cluster.learner_world_size == 0, "dynamic_sampling.target_groups",
-                self.dynamic_sampling.target_groups, f"a multiple of cluster.learner_world_size ({cluster.learner_world_size})",
-                why="every learner rank takes the same number of whole groups")
+        ranks = cluster.learner_world_size
+        require(self.target_groups % ranks == 0, "dynamic_sampling.target_groups", self.dynamic_sampling.target_groups,
+                f"a multiple of cluster.learner_world_size ({ranks})", why="every learner rank takes the same number of whole groups")
 
     @property
     def target_groups(self) -> int:
