@@ -170,11 +170,14 @@ class RunActors:
         self.wait(calls, f"load_policy (policy version {version})")
         return version
 
-    def start_rollouts(self, step: int, problems: list[Problem]) -> PendingRollouts:
-        """Ask each rollout actor for its shard of whole groups; results via `collect_rollouts`."""
-        shards = split_groups(len(problems), len(self.rollout))
+    def start_rollouts(self, step: int, problems: list[Problem], first_index: int = 0) -> PendingRollouts:
+        """Ask each rollout actor for its shard of whole groups (the first actors only, where the
+        prompts are fewer), `problems[j]` as prompt `first_index + j` of the step; results via
+        `collect_rollouts`."""
+        shards = split_groups(len(problems), min(len(problems), len(self.rollout)))
         return PendingRollouts(step, [
-            (rollout_name(i), actor.generate.remote(step, self.rollout_version, [(j, problems[j]) for j in shard]))
+            (rollout_name(i), actor.generate.remote(step, self.rollout_version,
+                                                    [(first_index + j, problems[j]) for j in shard]))
             for i, (actor, shard) in enumerate(zip(self.rollout, shards))
         ])
 

@@ -2,13 +2,14 @@
 from specroll.models import ModelConfig
 from specroll.telemetry.config import LoggerConfig
 
-from .sections import ClusterConfig, DataConfig, EvalConfig, RolloutConfig
+from .sections import ClusterConfig, DataConfig, DynamicSamplingConfig, EvalConfig, RolloutConfig
 from .train_config import TrainConfig, check_paths, load_train_config, validate_against_model
 from .typed import build_dataclass
 
 __all__ = [
     "ClusterConfig",
     "DataConfig",
+    "DynamicSamplingConfig",
     "EvalConfig",
     "LoggerConfig",
     "ModelConfig",

@@ -89,6 +89,8 @@ RULES: dict[str, str] = {
                             "master_port_range rollout_resources learner_resources consolidation_resources "
                             "weight_sync weight_sync_bucket_mb gpu_memory_gb"),
     **kind(SAFE, "logger", "backend mode project entity run_name jsonl console rollouts"),
+    # Which groups a step trains on, and which prompts its extra rounds draw from the stream.
+    **kind(CHANGES_RUN, "dynamic_sampling", "enabled target_groups round_prompts max_extra_rounds at_cap"),
     **kind(SAFE, "eval", "split path limit samples k batch_size seed before_training"),
     **kind(CHANGES_RUN, "", "seed"),
     **kind(SAFE, "", "total_steps checkpoint_every eval_every keep_last"),

@@ -38,6 +38,32 @@ def check_port_range(name: str, value: object) -> None:
 
 
 LONG_PROMPTS = ("fail", "drop")  # data.long_prompts
+AT_CAP = ("train", "skip")  # dynamic_sampling.at_cap
+
+
+@dataclass
+class DynamicSamplingConfig:
+    """Which groups a step trains on, and how many more it may sample to fill its batch."""
+
+    enabled: bool = False  # drop groups whose rewards are all equal and sample new ones within the step
+    # groups with signal a step trains on; null: data.prompts_per_step
+    target_groups: int | None = None
+    # prompts drawn by each extra round; null: as many as groups are still missing (more saves rounds
+    # when many groups lack signal: a round costs about its longest response on a GPU)
+    round_prompts: int | None = None
+    max_extra_rounds: int = 4  # extra sampling rounds a step may take, >= 0 (verl's max_num_gen_batches - 1)
+    # at the cap with fewer groups than the target: train on those kept (a multiple of the learner
+    # ranks; none left skips), or skip the step's update
+    at_cap: str = "train"
+
+    def __post_init__(self) -> None:
+        check_bool("enabled", self.enabled)
+        if self.target_groups is not None:
+            check_int("target_groups", self.target_groups, 1)
+        if self.round_prompts is not None:
+            check_int("round_prompts", self.round_prompts, 1)
+        check_int("max_extra_rounds", self.max_extra_rounds, 0)
+        check_choice("at_cap", self.at_cap, AT_CAP)
 
 
 @dataclass

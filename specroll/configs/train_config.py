@@ -21,7 +21,7 @@ from specroll.models import ModelConfig
 from specroll.telemetry.config import LoggerConfig
 
 from .resume_changes import check_allow_list
-from .sections import ClusterConfig, DataConfig, EvalConfig, RolloutConfig
+from .sections import ClusterConfig, DataConfig, DynamicSamplingConfig, EvalConfig, RolloutConfig
 from .typed import build_dataclass
 
 RESUME_MODES = ("auto", "never")
@@ -39,6 +39,8 @@ class TrainConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # Ray actors and their resources
     logger: LoggerConfig = field(default_factory=LoggerConfig)  # W&B, JSONL, console
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out problems and pass@k sampling
+    # DAPO's dynamic sampling: groups without reward signal replaced by new ones within the step
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     seed: int = 0  # seeds prompt order, sampling and (through conf/) the learner's shuffling
     total_steps: int = 200  # training steps: rollout, reward, update, weight sync
     checkpoint_every: int = 50  # save a checkpoint every this many steps; 0 never saves
@@ -75,6 +77,14 @@ class TrainConfig:
         require(cluster.num_rollout_actors <= data.prompts_per_step, "cluster.num_rollout_actors",
                 cluster.num_rollout_actors, f"<= data.prompts_per_step ({data.prompts_per_step})",
                 why="each rollout actor needs at least one prompt")
+        ranks = cluster.learner_world_size
+        require(self.target_groups % ranks == 0, "dynamic_sampling.target_groups", self.dynamic_sampling.target_groups,
+                f"a multiple of cluster.learner_world_size ({ranks})", why="every learner rank takes the same number of whole groups")
+
+    @property
+    def target_groups(self) -> int:
+        """The groups a step trains on: dynamic_sampling.target_groups, else data.prompts_per_step."""
+        return self.dynamic_sampling.target_groups or self.data.prompts_per_step
 
     @property
     def model_cache(self) -> Path:

@@ -48,8 +48,13 @@ class PromptStream:
         return self
 
     def __next__(self) -> list[Problem]:
+        return self.take(self._batch_size)
+
+    def take(self, count: int) -> list[Problem]:
+        """The next `count` problems (dynamic sampling's extra rounds draw these between batches)."""
+        check_int("count", count, 1)
         batch = []
-        while len(batch) < self._batch_size:
+        while len(batch) < count:
             batch.append(self._problems[self._order[self._index]])
             if self._index + 1 == len(self._problems):
                 self._seek(self._epoch + 1, 0)

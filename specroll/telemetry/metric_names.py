@@ -34,6 +34,10 @@ REWARD_MEAN = metric("rollout/reward_mean", "mean reward over responses")
 ACCURACY = metric("rollout/accuracy", "share of responses whose final answer is correct")
 ROLLOUT_POLICY_VERSION = metric("rollout/policy_version",
                                 "policy version that sampled the responses (one behind train/* with cluster.overlap)")
+RESAMPLE_ROUNDS = metric("rollout/resample_rounds", "extra sampling rounds dynamic sampling took to fill the batch")
+RESAMPLED_GROUPS = metric("rollout/resampled_groups", "groups drawn by dynamic sampling's extra rounds")
+KEPT_GROUPS = metric("rollout/kept_groups", "groups with reward signal the step trains on (dynamic sampling)")
+DROPPED_GROUPS = metric("rollout/dropped_groups", "groups drawn but not trained on: no reward signal, or past the target")
 
 # speculation/*: speculative decoding, from the rollout engine's stats.
 TOKENS_PER_STEP = metric("speculation/tokens_per_step", "tokens kept per response per verify pass (1 = no gain; none past a stop token or the cap)")
@@ -68,13 +72,14 @@ TRAIN_TOKENS_PER_S = metric("perf/train_tokens_per_s", "prompt + response tokens
 STEP_TIME_S = metric("perf/step_time_s", "wall-clock seconds of the whole training step, with the checkpoint saved after the one before")
 
 # timing_s/*: seconds spent in each phase of the step, as the driver sees them.
-TIME_GEN = metric("timing_s/gen", "generating responses")
-TIME_REWARD = metric("timing_s/reward", "scoring responses")
+TIME_GEN = metric("timing_s/gen", "generating responses (dynamic sampling's extra rounds: timing_s/resample)")
+TIME_REWARD = metric("timing_s/reward", "scoring responses (dynamic sampling's extra rounds: timing_s/resample)")
 TIME_OLD_LOGPROB = metric("timing_s/old_logprob", "separate pass scoring the responses under the policy before the "
                           "update (0 with one epoch of one mini-batch: the update's forward gives them)")
 TIME_UPDATE = metric("timing_s/update", "the learner's update (all epochs and mini-batches)")
 TIME_WEIGHT_SYNC = metric("timing_s/weight_sync", "sending new policy weights to the rollout actors")
 TIME_HEAD_SYNC = metric("timing_s/head_sync", "sending new draft-head weights to the rollout actors")
+TIME_RESAMPLE = metric("timing_s/resample", "dynamic sampling's extra rounds: drawing, generating and scoring more groups")
 TIME_CHECKPOINT = metric("timing_s/checkpoint", "saving the checkpoint after the previous step, whose line comes first (0 without one)")
 TIME_EVAL = metric("timing_s/eval", "evaluating the policy on the held-out problems (0 on steps without one)")
 TIME_DRAFTER_UPDATE = metric("timing_s/drafter_update",
@@ -99,6 +104,7 @@ GRAD_NORM = metric("train/grad_norm", "global gradient norm before clipping, mea
 LR = metric("train/lr", "learning rate, mean over optimizer steps")
 FRAC_ZERO_STD_GROUPS = metric("train/frac_zero_std_groups", "share of groups whose rewards are all equal (no signal)")
 OPTIMIZER_STEPS = metric("train/optimizer_steps", "optimizer steps taken in the update")
+STEP_SKIPPED = metric("train/step_skipped", "1 when dynamic sampling skipped the step's update at its cap, else 0")
 SKIPPED_STEPS = metric("train/skipped_steps", "mini-batches with no valid token (e.g. all truncated and masked): no optimizer step")
 POLICY_VERSION = metric("train/policy_version", "optimizer steps since the start of the run")
 NUM_SEQUENCES = metric("train/num_sequences", "responses trained on")

@@ -10,8 +10,8 @@ from . import metric_names as m
 from .history import RunHistory
 
 # Phases of a step in the order they happen; the rest of the step is the driver's own work.
-PHASES = (m.TIME_WEIGHT_SYNC, m.TIME_GEN, m.TIME_REWARD, m.TIME_OLD_LOGPROB, m.TIME_UPDATE, m.TIME_CHECKPOINT,
-          m.TIME_EVAL)
+PHASES = (m.TIME_WEIGHT_SYNC, m.TIME_GEN, m.TIME_REWARD, m.TIME_RESAMPLE, m.TIME_OLD_LOGPROB, m.TIME_UPDATE,
+          m.TIME_CHECKPOINT, m.TIME_EVAL)
 
 
 def mean(values: Sequence[float]) -> float | None:
