@@ -175,6 +175,63 @@ def _advantage_stats(advantages: Tensor, valid: Tensor) -> dict[str, Tensor]:
     }
 
 
+def _check_inputs(logp_new: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor, cfg: PolicyLossConfig,
+                  logp_ref: Tensor | None, logp_sampler: Tensor | None, entropy: Tensor | None) -> None:
+    """`policy_loss`'s arguments agree in shape, and each variant has the inputs it needs."""
+    cfg.validate()
+    if logp_new.dim() != 2 or logp_old.shape != logp_new.shape or mask.shape != logp_new.shape:
+        raise ValueError(
+            f"logp_new {tuple(logp_new.shape)}, logp_old {tuple(logp_old.shape)} and mask "
+            f"{tuple(mask.shape)} must all be the same [B, T]"
+        )
+    if advantages.shape != logp_new.shape[:1]:
+        raise ValueError(f"advantages {tuple(advantages.shape)} must be [B={logp_new.shape[0]}]")
+    if logp_ref is not None and logp_ref.shape != logp_new.shape:
+        raise ValueError(f"logp_ref {tuple(logp_ref.shape)} must match logp_new [B, T]")
+    if cfg.kl_coef > 0 and logp_ref is None:
+        raise ValueError("kl_coef > 0 needs logp_ref")
+    if cfg.mismatch_correction is not None and logp_sampler is None:
+        raise ValueError("mismatch_correction needs logp_sampler, the sampler's log-probs")
+    if cfg.top_entropy_quantile < 1.0 and entropy is None:
+        raise ValueError("top_entropy_quantile < 1 needs the per-token entropy")
+    for name, extra in (("logp_sampler", logp_sampler), ("entropy", entropy)):
+        if extra is not None and extra.shape != logp_new.shape:
+            raise ValueError(f"{name} {tuple(extra.shape)} must match logp_new [B, T]")
+
+
+
+def _surrogate(ratio: Tensor, adv: Tensor, new: Tensor, cfg: PolicyLossConfig) -> Tensor:
+    """Per-token policy-gradient term: CISPO's stop-gradient clipped weight on log p, else the
+    clipped PPO objective (with the dual clip's cap for negative advantages)."""
+    if cfg.surrogate == "cispo":
+        return -ratio.clamp(max=cfg.cispo_weight_max).detach() * adv * new
+    clipped_ratio = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    pg = -torch.minimum(ratio * adv, clipped_ratio * adv)
+    if cfg.dual_clip is not None:
+        pg = torch.where(adv < 0, torch.minimum(pg, -cfg.dual_clip * adv), pg)
+    return pg
+
+
+def _ratio_stats(ratio: Tensor, adv: Tensor, old: Tensor, new: Tensor, valid: Tensor,
+                 cfg: PolicyLossConfig) -> dict[str, Tensor]:
+    """Clip fractions, the k3 KL to the old policy and the advantages' spread, over valid tokens."""
+    def token_frac(flags: Tensor) -> Tensor:
+        return aggregate(flags.to(ratio.dtype), valid, "token-mean")
+
+    negative = adv < 0
+    stats: dict[str, Tensor] = {}
+    if cfg.surrogate == "cispo":
+        stats["cispo_clip_frac"] = token_frac(ratio > cfg.cispo_weight_max)
+    else:
+        stats["clip_frac_low"] = token_frac((ratio < 1.0 - cfg.clip_low) & negative)
+        stats["clip_frac_high"] = token_frac((ratio > 1.0 + cfg.clip_high) & (adv > 0))
+    if cfg.dual_clip is not None:
+        stats["dual_clip_frac"] = token_frac((ratio > cfg.dual_clip) & negative)
+    stats["approx_kl"] = aggregate(kl_estimate(old, new, "k3", cfg.log_ratio_clamp), valid, "token-mean")
+    stats.update(_advantage_stats(adv[:, 0], valid))
+    return stats
+
+
 def policy_loss(
     logp_new: Tensor,
     logp_old: Tensor,
@@ -227,26 +284,7 @@ def policy_loss(
           mismatch weight, and the share of tokens whose weight was truncated or masked;
         - ``entropy_mask_frac`` (only with ``top_entropy_quantile < 1``): tokens selected.
     """
-    cfg.validate()
-    if logp_new.dim() != 2 or logp_old.shape != logp_new.shape or mask.shape != logp_new.shape:
-        raise ValueError(
-            f"logp_new {tuple(logp_new.shape)}, logp_old {tuple(logp_old.shape)} and mask "
-            f"{tuple(mask.shape)} must all be the same [B, T]"
-        )
-    if advantages.shape != logp_new.shape[:1]:
-        raise ValueError(f"advantages {tuple(advantages.shape)} must be [B={logp_new.shape[0]}]")
-    if logp_ref is not None and logp_ref.shape != logp_new.shape:
-        raise ValueError(f"logp_ref {tuple(logp_ref.shape)} must match logp_new [B, T]")
-    if cfg.kl_coef > 0 and logp_ref is None:
-        raise ValueError("kl_coef > 0 needs logp_ref")
-    if cfg.mismatch_correction is not None and logp_sampler is None:
-        raise ValueError("mismatch_correction needs logp_sampler, the sampler's log-probs")
-    if cfg.top_entropy_quantile < 1.0 and entropy is None:
-        raise ValueError("top_entropy_quantile < 1 needs the per-token entropy")
-    for name, extra in (("logp_sampler", logp_sampler), ("entropy", entropy)):
-        if extra is not None and extra.shape != logp_new.shape:
-            raise ValueError(f"{name} {tuple(extra.shape)} must match logp_new [B, T]")
-
+    _check_inputs(logp_new, logp_old, advantages, mask, cfg, logp_ref, logp_sampler, entropy)
     valid = valid_token_mask(mask, truncated, cfg.mask_truncated)
     dtype = torch.promote_types(logp_new.dtype, torch.float32)
 
@@ -262,15 +300,8 @@ def policy_loss(
     token_log_ratio = (new - old).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
     log_ratio = importance_log_ratio(token_log_ratio, valid, cfg.importance_sampling_level)
     ratio = torch.exp(log_ratio)
-    negative = adv < 0
     metrics: dict[str, Tensor] = {}
-    if cfg.surrogate == "cispo":
-        pg = -ratio.clamp(max=cfg.cispo_weight_max).detach() * adv * new
-    else:
-        clipped_ratio = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
-        pg = -torch.minimum(ratio * adv, clipped_ratio * adv)
-        if cfg.dual_clip is not None:
-            pg = torch.where(negative, torch.minimum(pg, -cfg.dual_clip * adv), pg)
+    pg = _surrogate(ratio, adv, new, cfg)
     if cfg.top_entropy_quantile < 1.0:
         selected = high_entropy_mask(entropy, valid, cfg.top_entropy_quantile)
         pg = pg * selected
@@ -295,20 +326,8 @@ def policy_loss(
 
     loss = aggregate(per_token, valid, cfg.aggregation, normalizer)
 
-    def token_frac(flags: Tensor) -> Tensor:
-        return aggregate(flags.to(dtype), valid, "token-mean")
-
     with torch.no_grad():
         metrics["loss"] = loss.detach()
         metrics["pg_loss"] = aggregate(pg, valid, cfg.aggregation, normalizer)
-        if cfg.surrogate == "cispo":
-            metrics["cispo_clip_frac"] = token_frac(ratio > cfg.cispo_weight_max)
-        else:
-            metrics["clip_frac_low"] = token_frac((ratio < 1.0 - cfg.clip_low) & negative)
-            metrics["clip_frac_high"] = token_frac((ratio > 1.0 + cfg.clip_high) & (adv > 0))
-        if cfg.dual_clip is not None:
-            metrics["dual_clip_frac"] = token_frac((ratio > cfg.dual_clip) & negative)
-        approx_kl = kl_estimate(old, new, "k3", cfg.log_ratio_clamp)
-        metrics["approx_kl"] = aggregate(approx_kl, valid, "token-mean")
-        metrics.update(_advantage_stats(adv[:, 0], valid))
+        metrics.update(_ratio_stats(ratio, adv, old, new, valid, cfg))
     return loss, metrics
