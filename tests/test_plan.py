@@ -122,8 +122,9 @@ def test_gpu_check_learner_runs_on_a_cpu_and_writes_its_json(tmp_path: Path):
 
 
 GENERATE = """
-import json, sys, psutil, torch
+import json, sys, torch
 from specroll.benchmarks.gpu_check import tiny_config_for_check
+from specroll.benchmarks.process_memory import peak_resident_bytes, reset_peak, resident_bytes
 from specroll.models import CausalLM, load_causal_lm
 from specroll.rollout import RolloutEngine, SamplingParams
 which, prompts, prompt_len, n, new = json.loads(sys.argv[1])
@@ -138,11 +139,10 @@ ids = [[(7 * i + j) % 1000 + 10 for j in range(prompt_len)] for i in range(promp
 # A first call packs the CPU linears (a copy GPUs never make); its cache is dropped.
 engine.generate(ids[:1], SamplingParams(max_new_tokens=2, n=2, seed=0))
 engine.cache = None
-open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) starts again here, past imports and the first call
-before = psutil.Process().memory_info().rss
+reset_peak()  # the peak starts again here, past imports and the first call
+before = resident_bytes()
 engine.generate(ids, SamplingParams(max_new_tokens=new, n=n, seed=0))
-peak_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-print(peak_kib * 1024 - before)
+print(peak_resident_bytes() - before)
 """
 
 

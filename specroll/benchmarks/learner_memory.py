@@ -5,13 +5,13 @@ torch (no DeepSpeed: what a bare GPU machine has), activation checkpointing on, 
 the paper preset's 16384 tokens (8 sequences of 2048, responses of 1024): two steps (forward with
 the entropy, the GRPO loss's log-prob term, backward, fused AdamW), the second measured, with the
 optimizer's moments alive as in every later step. On CUDA the peak is torch's allocator's
-(`max_memory_allocated`); on a CPU the peak RSS of the process, honest only when glibc maps every
-large allocation (`MALLOC_MMAP_THRESHOLD_=65536`; otherwise its free lists inflate it).
+(`max_memory_allocated`); on a CPU the process's peak resident memory (VmHWM) since the first
+step began, honest only when glibc maps every large allocation (`MALLOC_MMAP_THRESHOLD_=65536`;
+otherwise its free lists inflate it).
 """
 from __future__ import annotations
 
 import os
-import resource
 
 import torch
 
@@ -21,6 +21,7 @@ from ..models.config import ModelArchitecture
 from ..plan.architecture import ModelShape, shipped_architecture
 from ..plan.planner import GIB, backward_peak
 from ..plan.terms import DTYPE_BYTES, activations
+from .process_memory import peak_resident_bytes, reset_peak, resident_bytes
 
 PAPER_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
 PAPER_BATCH = (8, 2048, 1024)  # rows, sequence length, response length: learner.micro_batch_tokens 16384
@@ -43,17 +44,17 @@ def planned_bytes(cfg: ModelArchitecture, dtype: str, rows: int, seq: int, resp:
 
 
 def memory_now(device: torch.device) -> int:
+    """What the device holds now; on a CPU the peak starts again from here."""
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device)
-    import psutil
-
-    return psutil.Process().memory_info().rss
+    reset_peak()
+    return resident_bytes()
 
 
 def peak_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak_resident_bytes()
 
 
 def learner_step_memory(cfg: ModelArchitecture, dtype: str, device: torch.device, batch: tuple[int, int, int],

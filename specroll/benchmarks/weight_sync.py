@@ -33,6 +33,7 @@ import torch
 from ..actors import LearnerActor, RolloutActor, RunActors
 from ..command_line import compose_train_config
 from ..configs import TrainConfig
+from .process_memory import proc_figure, reset_peak
 
 # The model's config group and the lengths that fit its context (nothing is generated here).
 MODELS = {"tiny": ["model=tiny", "rollout.max_new_tokens=16", "learner.max_response_len=16", "learner.max_seq_len=256"],
@@ -103,19 +104,6 @@ def actor_seconds(actors: RunActors, repeats: int) -> dict[str, float]:
         for name, value in zip(times, (publish_s, load_s, sync_s)):
             times[name].append(value)
     return {name: statistics.median(values) for name, values in times.items()}
-
-
-def proc_figure(pid: int, name: str, field: str) -> int:
-    """A figure of process `pid` from /proc: `field` of its `name` file (status figures in kB, as bytes)."""
-    with open(f"/proc/{pid}/{name}") as f:
-        value = next(line.split()[1] for line in f if line.startswith(field + ":"))
-    return int(value) * (1024 if name == "status" else 1)
-
-
-def reset_peak(pid: int) -> None:
-    """Start process `pid`'s peak resident memory (VmHWM) afresh from what it holds now."""
-    with open(f"/proc/{pid}/clear_refs", "w") as f:
-        f.write("5")
 
 
 def path_figures(actors: RunActors, repeats: int) -> dict:
