@@ -31,14 +31,15 @@ def test_node_draws_are_the_draws_verification_gives_each_depth():
             assert draws[row, depth] == uniforms_at(keys[row : row + 1], counters[row, None, None] + depth)[0, 0]
 
 
-def test_children_are_the_best_of_log_q_plus_the_draws_noise_with_their_rank_and_margin():
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_children_are_the_best_of_log_q_plus_the_draws_noise_with_their_rank_and_margin(temperature):
     logp = torch.log_softmax(torch.tensor([[[2.0, 1.5, 1.0, 0.5, 0.0, -1.0]]]), dim=-1)  # [1, 1, 6]
     vocab = torch.tensor([40, 41, 42, 43, 44, 45])
     draws = torch.tensor([0.123456789], dtype=torch.float64)
-    top_lp, tokens, cells = read_children(logp, vocab, draws, 3)
-    # By hand: every token's log q + its own Gumbel under the draw, sorted.
+    top_lp, tokens, cells = read_children(logp, vocab, draws, 3, temperature)
+    # By hand: every token's log q at the sampling temperature + its own Gumbel under the draw, sorted.
     noise = token_gumbels(draws, vocab[None])[0].float()
-    perturbed = sorted(((float(logp[0, 0, i] + noise[i]), i) for i in range(6)), reverse=True)
+    perturbed = sorted(((float(logp[0, 0, i] / temperature + noise[i]), i) for i in range(6)), reverse=True)
     best = [i for _, i in perturbed[:3]]
     assert tokens[0, 0].tolist() == [int(vocab[i]) for i in best]
     assert torch.allclose(top_lp[0, 0], logp[0, 0, best])

@@ -58,6 +58,7 @@ class StepSettings:
     lookup_momentum: float
     max_tokens: int  # the largest emitted count `PassCounts` keeps apart
     read_draws: bool  # drafts read the noise of the coming draws (`drafting.reading`)
+    temperature: float  # the sampling temperature, which the draws' noise is read at
 
 
 def step_settings(cfg: SpeculationConfig, drafts: int, depth: int, lookup_momentum: float,
@@ -65,7 +66,7 @@ def step_settings(cfg: SpeculationConfig, drafts: int, depth: int, lookup_moment
     # PassCounts keeps emitted counts apart up to max_nodes.
     return StepSettings(drafts, depth, cfg.max_children, cfg.max_frontier,
                         cfg.lookup_ngram if cfg.context_lookup else 0, cfg.calibration_momentum, lookup_momentum,
-                        cfg.max_nodes, reads_draws(cfg, params))
+                        cfg.max_nodes, reads_draws(cfg, params), params.temperature)
 
 
 def reads_draws(cfg: SpeculationConfig, params: SamplingParams) -> bool:
@@ -112,7 +113,7 @@ def candidates(heads, model, roots: torch.Tensor, hidden: torch.Tensor, log_cali
     if head_drafts:
         cands = draft_candidates(heads, model, hidden, roots, settings.drafts, log_calibration, settings.max_children,
                                  settings.max_frontier, adjust, sketch_size, draws,
-                                 None if draws is None else reading_rate.log())
+                                 None if draws is None else reading_rate.log(), settings.temperature)
     else:
         cands = no_candidates(roots)
     lookup = None

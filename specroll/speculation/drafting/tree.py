@@ -1,9 +1,9 @@
 """Sparse draft trees: per response, the nodes most likely to be reached under a node budget.
 
 A node's score is its estimated log-probability of being accepted: the sum along its path
-of (head log-probability + per-depth calibration), never above its parent's; drafts that read
-the coming draws (`reading`) sum the calibrated chance that each node is its draw instead. Drafting goes
-depth by depth over a frontier, batched over rows; the tree is then the best `num_drafts`
+of (head log-probability + per-depth calibration), never above its parent's (drafts that read
+the coming draws, `reading`, sum the calibrated log chance that each node is its draw). Drafting
+goes depth by depth over a frontier, batched over rows; the tree is then the best `num_drafts`
 candidates. Because a child always ranks below its parent, any best-k prefix is a connected
 tree, so one drafting pass serves every budget up to the maximum. Drafting fewer nodes
 yields the same best-k trees for every k up to that number (each of those nodes ranks among
@@ -79,7 +79,7 @@ class DraftTree:
 def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, max_drafts: int,
                      log_calibration: torch.Tensor, max_children: int = 8, max_frontier: int = 4,
                      adjust=None, sketch_size: int = 0, draws: torch.Tensor | None = None,
-                     log_reading: torch.Tensor | None = None) -> Candidates:
+                     log_reading: torch.Tensor | None = None, temperature: float = 1.0) -> Candidates:
     """Draft up to `max_drafts` nodes per depth, to depth min(depth, max_drafts), for each row
     from its own heads.
 
@@ -92,8 +92,9 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
     adjust(depth, states [B, F, D]) -> a correction added to head `depth`'s (1-based) states before
     the LM head (Reflex). sketch_size m > 0 keeps each depth's top-m head distribution per frontier
     node (the matured records of Reflex and the slow path).
-    draws [B, depth] (`reading.node_draws`): children are the ones the noise of their draw favours,
-    scored by the reading calibration `log_reading` [depth, cells] (`reading`); None: blind drafts.
+    draws [B, depth] (`reading.node_draws`): children are the ones the noise of their draw favours
+    at the sampling `temperature`, scored by the reading calibration `log_reading` [depth, cells]
+    (`reading`); None: blind drafts.
     """
     batch = hidden.shape[0]
     width = min(max_children, max_drafts)
@@ -125,7 +126,7 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
             top_lp, top_tok = top_lp[..., :width], top_tok[..., :width]
             step = (top_lp + log_calibration[d]).clamp(max=0.0)
         else:
-            top_lp, top_tok, cell = read_children(logp, heads.draft_vocab, draws[:, d], width)
+            top_lp, top_tok, cell = read_children(logp, heads.draft_vocab, draws[:, d], width, temperature)
             step = log_reading[d][cell]
         cand = (frontier_scores[..., None] + step).flatten(1)  # [B, F*W]
         keep = min(max_drafts, cand.shape[1])
