@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specroll.models import build_tiny_model
+from specroll.rollout import SamplingParams
 from specroll.rollout.draw_noise import token_gumbels
 from specroll.rollout.sampling import uniforms_at
 from specroll.speculation import HorizonHeads, draft_candidates, select_tree
@@ -31,19 +32,23 @@ def test_node_draws_are_the_draws_verification_gives_each_depth():
             assert draws[row, depth] == uniforms_at(keys[row : row + 1], counters[row, None, None] + depth)[0, 0]
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.5])
-def test_children_are_the_best_of_log_q_plus_the_draws_noise_with_their_rank_and_margin(temperature):
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.5, 1.0), (1.0, 0.7)])
+def test_children_are_the_best_of_log_q_plus_the_draws_noise_with_their_rank_and_margin(temperature, top_p):
     logp = torch.log_softmax(torch.tensor([[[2.0, 1.5, 1.0, 0.5, 0.0, -1.0]]]), dim=-1)  # [1, 1, 6]
     vocab = torch.tensor([40, 41, 42, 43, 44, 45])
     draws = torch.tensor([0.123456789], dtype=torch.float64)
-    top_lp, tokens, cells = read_children(logp, vocab, draws, 3, temperature)
-    # By hand: every token's log q at the sampling temperature + its own Gumbel under the draw, sorted.
+    top_lp, tokens, cells = read_children(logp, vocab, draws, 3, SamplingParams(temperature=temperature, top_p=top_p))
+    # By hand: every token's log q as the sampler would sample it (tempered, in its nucleus: q's
+    # two likeliest hold 0.67 < 0.7, the three 0.83, so three are kept) + its own Gumbel under the draw, sorted.
+    nucleus = 3 if top_p < 1 else 6
+    tempered = torch.log_softmax(logp[0, 0, :nucleus] / temperature, -1).tolist() + [-math.inf] * (6 - nucleus)
     noise = token_gumbels(draws, vocab[None])[0].float()
-    perturbed = sorted(((float(logp[0, 0, i] / temperature + noise[i]), i) for i in range(6)), reverse=True)
+    perturbed = sorted(((tempered[i] + float(noise[i]), i) for i in range(6)), reverse=True)
     best = [i for _, i in perturbed[:3]]
     assert tokens[0, 0].tolist() == [int(vocab[i]) for i in best]
     assert torch.allclose(top_lp[0, 0], logp[0, 0, best])
     gaps = [perturbed[0][0] - perturbed[1][0]] + [perturbed[0][0] - perturbed[r][0] for r in (1, 2)]
+    assert all(torch.isfinite(top_lp[0, 0]))  # the head's own log-probs, whatever the sampler keeps
     expected = [r * MARGIN_BINS + sum(g > e for e in MARGIN_EDGES) for r, g in enumerate(gaps)]
     assert cells[0, 0].tolist() == expected
 
@@ -105,7 +110,9 @@ def test_reading_trees_draft_what_the_draws_favour_and_stay_connected(model, hea
     hidden, roots = torch.randn(2, model.config.hidden_size, generator=g), torch.tensor([5, 9])
     draws = node_draws(torch.tensor([3, 4]), torch.tensor([0, 7]), 3)
     log_reading = reading_prior(3, 8, "cpu").log()
-    cands = draft_candidates(heads, model, hidden, roots, 9, torch.zeros(3), draws=draws, log_reading=log_reading)
+    sampling = SamplingParams()
+    cands = draft_candidates(heads, model, hidden, roots, 9, torch.zeros(3), draws=draws, log_reading=log_reading,
+                             sampling=sampling)
     # The root's children: the best of log q + the depth-0 draw's noise, each scored by its cell.
     logq = torch.log_softmax(model.lm_head(heads.step(0, hidden[:, None], hidden[:, None], model.embed_tokens(roots)[:, None])
                                            if head_type == "path" else heads.step(0, None, hidden[:, None], None)), -1)[:, 0]
@@ -118,8 +125,9 @@ def test_reading_trees_draft_what_the_draws_favour_and_stay_connected(model, hea
     parent_scores = torch.cat((torch.zeros(2, 1), cands.scores.gather(1, tree.candidates)), 1).gather(1, tree.parents)
     assert (cands.scores.gather(1, tree.candidates) <= parent_scores).all()  # any best-k prefix is a tree
     # A pure function of the drafter's state and the draws: the same draws give the same tree, others another.
-    again = draft_candidates(heads, model, hidden, roots, 9, torch.zeros(3), draws=draws, log_reading=log_reading)
+    again = draft_candidates(heads, model, hidden, roots, 9, torch.zeros(3), draws=draws, log_reading=log_reading,
+                             sampling=sampling)
     assert torch.equal(again.tokens, cands.tokens) and torch.equal(again.scores, cands.scores)
     other = draft_candidates(heads, model, hidden, roots, 9, torch.zeros(3), draws=node_draws(torch.tensor([3, 4]),
-                             torch.tensor([1, 8]), 3), log_reading=log_reading)
+                             torch.tensor([1, 8]), 3), log_reading=log_reading, sampling=sampling)
     assert not torch.equal(other.tokens, cands.tokens)

@@ -289,7 +289,7 @@ class SpeculativeDecoder:
         # Reflex corrects the heads' states: asked only where the heads draft.
         adjust = self.reflex.correction(state) if self.reflex is not None and self.cfg.head_drafts else None
         settings = self.settings(max_drafts, state.params)
-        draws = node_draws(state.rng.keys, state.rng.counters, self.depth) if settings.read_draws else None
+        draws = node_draws(state.rng.keys, state.rng.counters, self.depth) if settings.reading is not None else None
         cands, lookup = candidates(self.heads, self.model, state.last_tokens, state.last_hidden,
                                    (self.observed / self.predicted).log(), state.history.tokens, state.history.lengths,
                                    self.lookup_rate(), settings, adjust, sketch, self.cfg.head_drafts,

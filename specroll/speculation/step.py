@@ -57,8 +57,7 @@ class StepSettings:
     calibration_momentum: float
     lookup_momentum: float
     max_tokens: int  # the largest emitted count `PassCounts` keeps apart
-    read_draws: bool  # drafts read the noise of the coming draws (`drafting.reading`)
-    temperature: float  # the sampling temperature, which the draws' noise is read at
+    reading: SamplingParams | None  # the sampling whose coming draws drafts read (`drafting.reading`); None: blind
 
 
 def step_settings(cfg: SpeculationConfig, drafts: int, depth: int, lookup_momentum: float,
@@ -66,7 +65,7 @@ def step_settings(cfg: SpeculationConfig, drafts: int, depth: int, lookup_moment
     # PassCounts keeps emitted counts apart up to max_nodes.
     return StepSettings(drafts, depth, cfg.max_children, cfg.max_frontier,
                         cfg.lookup_ngram if cfg.context_lookup else 0, cfg.calibration_momentum, lookup_momentum,
-                        cfg.max_nodes, reads_draws(cfg, params), params.temperature)
+                        cfg.max_nodes, params if reads_draws(cfg, params) else None)
 
 
 def reads_draws(cfg: SpeculationConfig, params: SamplingParams) -> bool:
@@ -113,7 +112,7 @@ def candidates(heads, model, roots: torch.Tensor, hidden: torch.Tensor, log_cali
     if head_drafts:
         cands = draft_candidates(heads, model, hidden, roots, settings.drafts, log_calibration, settings.max_children,
                                  settings.max_frontier, adjust, sketch_size, draws,
-                                 None if draws is None else reading_rate.log(), settings.temperature)
+                                 None if draws is None else reading_rate.log(), settings.reading)
     else:
         cands = no_candidates(roots)
     lookup = None
@@ -317,11 +316,11 @@ def draft_step(form: str, model, heads, roots: torch.Tensor, hidden: torch.Tenso
     larger drafting are the tree a drafting of k would give (see `drafting.tree`); the lookup
     chain, as long as the larger drafting allows, may share more of its nodes with the heads'
     (scored by both), so a budget below its bucket can choose another tree than a reading step
-    would. Exactness never depends on which tree is drafted. Where `settings.read_draws`, drafts
+    would. Exactness never depends on which tree is drafted. Where `settings.reading`, drafts
     read the rows' draws (stream `keys`, `counters`). `form`: the model's and the heads' (see
     `specialise`)."""
     specialise(form)
-    draws = node_draws(keys, counters, settings.depth) if settings.read_draws else None
+    draws = node_draws(keys, counters, settings.depth) if settings.reading is not None else None
     cands, lookup = candidates(heads, model, roots, hidden, (observed / predicted).log(), history_tokens,
                                history_lengths, lookup_rate, settings, draws=draws, reading_rate=reading_rate)
     tree = select_tree(cands, num_drafts, tree_size)

@@ -79,7 +79,7 @@ class DraftTree:
 def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, max_drafts: int,
                      log_calibration: torch.Tensor, max_children: int = 8, max_frontier: int = 4,
                      adjust=None, sketch_size: int = 0, draws: torch.Tensor | None = None,
-                     log_reading: torch.Tensor | None = None, temperature: float = 1.0) -> Candidates:
+                     log_reading: torch.Tensor | None = None, sampling=None) -> Candidates:
     """Draft up to `max_drafts` nodes per depth, to depth min(depth, max_drafts), for each row
     from its own heads.
 
@@ -93,8 +93,8 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
     the LM head (Reflex). sketch_size m > 0 keeps each depth's top-m head distribution per frontier
     node (the matured records of Reflex and the slow path).
     draws [B, depth] (`reading.node_draws`): children are the ones the noise of their draw favours
-    at the sampling `temperature`, scored by the reading calibration `log_reading` [depth, cells]
-    (`reading`); None: blind drafts.
+    under `sampling` (SamplingParams), scored by the reading calibration `log_reading` [depth,
+    cells] (`reading`); None: blind drafts.
     """
     batch = hidden.shape[0]
     width = min(max_children, max_drafts)
@@ -126,7 +126,7 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
             top_lp, top_tok = top_lp[..., :width], top_tok[..., :width]
             step = (top_lp + log_calibration[d]).clamp(max=0.0)
         else:
-            top_lp, top_tok, cell = read_children(logp, heads.draft_vocab, draws[:, d], width, temperature)
+            top_lp, top_tok, cell = read_children(logp, heads.draft_vocab, draws[:, d], width, sampling)
             step = log_reading[d][cell]
         cand = (frontier_scores[..., None] + step).flatten(1)  # [B, F*W]
         keep = min(max_drafts, cand.shape[1])
