@@ -149,8 +149,8 @@ class DecisionRecorder:
                            verdict.tokens.cpu()))
         return verdict
 
-    def verify(self, logprobs, tree, uniforms, greedy, max_depth):
-        verdict = self.rule(logprobs, tree, uniforms, greedy, max_depth)
+    def verify(self, logprobs, tree, uniforms, params, max_depth):
+        verdict = self.rule(logprobs, tree, uniforms, params, max_depth)
         rows, emitted_before = self._rows
         self.steps.append((rows, emitted_before, tree.tokens.cpu(), tree.parents.cpu(), tree.valid.cpu(),
                            verdict.path.cpu(), verdict.counts.cpu(), verdict.tokens.cpu()))

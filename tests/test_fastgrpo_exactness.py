@@ -168,7 +168,7 @@ def leak_first_child(rate: float):
     the policy's sample there was."""
     generator = torch.Generator(torch.get_default_device()).manual_seed(1234)
 
-    def rule(logprobs, tree: DraftTree, uniforms, greedy, max_depth) -> Verdict:
+    def rule(logprobs, tree: DraftTree, uniforms, params, max_depth) -> Verdict:
         chosen = torch.rand(logprobs.shape[:2], generator=generator, device=logprobs.device) < rate
         out = logprobs.clone()
         for i in range(tree.num_drafts + 1):
@@ -176,7 +176,7 @@ def leak_first_child(rate: float):
             first = tree.tokens.gather(1, children.int().argmax(dim=1, keepdim=True))
             certain = torch.full_like(out[:, i], float("-inf")).scatter(1, first, 0.0)
             out[:, i] = torch.where((children.any(dim=1) & chosen[:, i])[:, None], certain, out[:, i])
-        return verify_tree(out, tree, uniforms, greedy, max_depth)
+        return verify_tree(out, tree, uniforms, params, max_depth)
 
     return rule
 

@@ -351,32 +351,32 @@ def leaky(rate: float):
     whatever the policy's sample there was."""
     generator = torch.Generator(torch.get_default_device()).manual_seed(1234)
 
-    def rule(logprobs, tree, uniforms, greedy, max_depth) -> Verdict:
+    def rule(logprobs, tree, uniforms, params, max_depth) -> Verdict:
         nodes = torch.rand(logprobs.shape[:2], generator=generator, device=logprobs.device) < rate
-        return verify_tree(point_mass_on_first_child(logprobs, tree, nodes), tree, uniforms, greedy, max_depth)
+        return verify_tree(point_mass_on_first_child(logprobs, tree, nodes), tree, uniforms, params, max_depth)
 
     return rule
 
 
-def first_child_from_third_decision(logprobs, tree, uniforms, greedy, max_depth) -> Verdict:
+def first_child_from_third_decision(logprobs, tree, uniforms, params, max_depth) -> Verdict:
     """WRONG on purpose: from the third decision of a step on (nodes at depth >= 2), always accept the first child."""
     depth = torch.cat((torch.zeros_like(tree.depths[:, :1]), tree.depths), dim=1)
-    return verify_tree(point_mass_on_first_child(logprobs, tree, depth >= 2), tree, uniforms, greedy, max_depth)
+    return verify_tree(point_mass_on_first_child(logprobs, tree, depth >= 2), tree, uniforms, params, max_depth)
 
 
-def parent_uniform_below_depth_one(logprobs, tree, uniforms, greedy, max_depth) -> Verdict:
+def parent_uniform_below_depth_one(logprobs, tree, uniforms, params, max_depth) -> Verdict:
     """WRONG on purpose: nodes at depth >= 2 reuse their parent's uniform instead of a fresh one."""
     reused = uniforms.clone()
     for i in range(tree.num_drafts):  # parents come before their children
         parent = reused.gather(1, tree.parents[:, i : i + 1])[:, 0]
         reused[:, i + 1] = torch.where(tree.depths[:, i] >= 2, parent, reused[:, i + 1])
-    return verify_tree(logprobs, tree, reused, greedy, max_depth)
+    return verify_tree(logprobs, tree, reused, params, max_depth)
 
 
-def ratio_acceptance(logprobs, tree, uniforms, greedy, max_depth) -> Verdict:
+def ratio_acceptance(logprobs, tree, uniforms, params, max_depth) -> Verdict:
     """WRONG on purpose: accept the first child c with min(1, p(c)/q(c)) using the head's q,
     else emit the policy's sample at that node (the exact residual would be norm(max(0, p - q)))."""
-    samples, _ = sample_tokens(logprobs, uniforms, greedy)  # [B, 1+M]
+    samples, _ = sample_tokens(logprobs, uniforms, params)  # [B, 1+M]
     generator = torch.Generator(logprobs.device).manual_seed(99)
     batch = logprobs.shape[0]
     rows = torch.arange(batch, device=logprobs.device)

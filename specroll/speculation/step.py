@@ -220,7 +220,7 @@ def judge(rule, tree: DraftTree, logits: torch.Tensor, hidden: torch.Tensor, cac
     logprobs = sampling_logprobs(logits, params)
     depths = torch.cat((torch.zeros_like(tree.depths[:, :1]), tree.depths), 1)
     uniforms = None if params.greedy else uniforms_at(keys, counters[:, None] + depths)
-    verdict = rule(logprobs, tree, uniforms, params.greedy, max_depth)
+    verdict = rule(logprobs, tree, uniforms, params, max_depth)
     cache.commit_gather(verdict.path[:, :width], verdict.counts * live)
     last = torch.gather(verdict.path, 1, (verdict.counts - 1)[:, None])
     last_hidden = torch.gather(hidden, 1, last[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
