@@ -71,7 +71,7 @@ def step_settings(cfg: SpeculationConfig, drafts: int, depth: int, lookup_moment
 def reads_draws(cfg: SpeculationConfig, params: SamplingParams) -> bool:
     """Whether drafts read the coming draws: `speculation.read_draws` where the coupled Gumbel
     sampler draws (the noise means nothing to inverse-CDF sampling, nor to greedy decoding)."""
-    return cfg.read_draws and not params.greedy and getattr(params, "sampler", "inverse_cdf") == "gumbel"
+    return cfg.read_draws and not params.greedy and params.sampler == "gumbel"
 
 
 # 1. Draft
