@@ -13,6 +13,7 @@ from specroll.rollout import SamplingParams
 from specroll.rollout.draw_noise import token_gumbels
 from specroll.rollout.sampling import uniforms_at
 from specroll.speculation import HorizonHeads, draft_candidates, select_tree
+from specroll.speculation.drafting import reading
 from specroll.speculation.drafting.reading import (
     MARGIN_BINS,
     MARGIN_EDGES,
@@ -51,6 +52,16 @@ def test_children_are_the_best_of_log_q_plus_the_draws_noise_with_their_rank_and
     assert all(torch.isfinite(top_lp[0, 0]))  # the head's own log-probs, whatever the sampler keeps
     expected = [r * MARGIN_BINS + sum(g > e for e in MARGIN_EDGES) for r, g in enumerate(gaps)]
     assert cells[0, 0].tolist() == expected
+
+
+def test_children_come_from_the_heads_likeliest_tokens_as_the_gumbel_stage_draws_from_the_policys(monkeypatch):
+    """The sampler's Gumbel stage draws among the policy's GUMBEL_CANDIDATES likeliest tokens, so a
+    read child's best guess is among the heads' likeliest as many, whatever noise the others have."""
+    monkeypatch.setattr(reading, "GUMBEL_CANDIDATES", 2)
+    logp = torch.log_softmax(torch.tensor([[[0.1, 0.0, -0.1, -0.2, -0.3, -0.4]]]), dim=-1)  # nearly flat
+    for u in torch.linspace(0.01, 0.99, 50, dtype=torch.float64):
+        _, tokens, _ = read_children(logp, None, u[None], 2, SamplingParams())
+        assert set(tokens[0, 0].tolist()) == {0, 1}
 
 
 def test_a_chains_chance_is_the_gumbel_chance_of_a_token_of_its_probability():

@@ -25,6 +25,7 @@ import math
 import torch
 
 from specroll.rollout.draw_noise import token_gumbels
+from specroll.rollout.samplers import GUMBEL_CANDIDATES
 from specroll.rollout.sampling import SamplingParams, sampling_logprobs, uniforms_at
 
 # A child's margin: how far its log q + g lies below the best child's (the best's: how far above
@@ -48,13 +49,16 @@ def read_children(logp: torch.Tensor, draft_vocab: torch.Tensor | None, draws: t
     logp [B, F, V'] head log-probabilities over the draft vocabulary (`draft_vocab` [V'] token
     ids, None: the whole vocabulary), draws [B] the draw the children are sampled with by `params`
     (the sampler adds the noise to the policy's log-probabilities after temperature, top-k and
-    top-p: the heads' are read after the same). Returns
+    top-p, among its GUMBEL_CANDIDATES likeliest tokens: the heads' are read after the same,
+    among theirs). Returns
     [B, F, width]: the children's head log-probs, their token ids, and their calibration cells
     (rank under log q + g times MARGIN_BINS plus the margin's bin)."""
     vocab = logp.shape[-1]
     ids = torch.arange(vocab, device=logp.device) if draft_vocab is None else draft_vocab
     noise = token_gumbels(draws, ids.expand(draws.shape[0], -1)).to(logp.dtype)  # [B, V']
-    best, at = (sampling_logprobs(logp, params) + noise[:, None]).topk(min(max(width, 2), vocab), dim=-1)
+    sampled = sampling_logprobs(logp, params)
+    kth = sampled.topk(min(GUMBEL_CANDIDATES, vocab), dim=-1).values[..., -1:]
+    best, at = (sampled.masked_fill(sampled < kth, -math.inf) + noise[:, None]).topk(min(max(width, 2), vocab), dim=-1)
     below = best[..., :1] - best  # how far each lies below the best: its margin, but the best's own
     margin = torch.cat((below[..., 1:2], below[..., 1:]), dim=-1)[..., :width]
     edges = torch.tensor(MARGIN_EDGES, dtype=margin.dtype, device=margin.device)
