@@ -124,14 +124,16 @@ def test_reading_trees_draft_what_the_draws_favour_and_stay_connected(model, hea
     sampling = SamplingParams()
     cands = draft_candidates(heads, model, hidden, roots, 9, torch.zeros(3), draws=draws, log_reading=log_reading,
                              sampling=sampling)
-    # The root's children: the best of log q + the depth-0 draw's noise, each scored by its cell.
+    # The root's children: the best of log q + the depth-0 draw's noise.
     logq = torch.log_softmax(model.lm_head(heads.step(0, hidden[:, None], hidden[:, None], model.embed_tokens(roots)[:, None])
                                            if head_type == "path" else heads.step(0, None, hidden[:, None], None)), -1)[:, 0]
     noise = token_gumbels(draws[:, 0], torch.arange(logq.shape[-1]).expand(2, -1)).float()
     first = cands.depths == 1
     for row in range(2):
         assert set(cands.tokens[row][first[row]].tolist()) == set((logq[row] + noise[row]).topk(int(first[row].sum())).indices.tolist())
-    assert torch.equal(cands.scores[first], log_reading[0][cands.cells[first]])
+    # Each scored by the better of its read chance and its blind score (head log-prob + calibration, here 0).
+    blind = cands.head_probs[first].log()
+    assert torch.allclose(cands.scores[first], torch.maximum(log_reading[0][cands.cells[first]], blind))
     tree = select_tree(cands, 9)
     parent_scores = torch.cat((torch.zeros(2, 1), cands.scores.gather(1, tree.candidates)), 1).gather(1, tree.parents)
     assert (cands.scores.gather(1, tree.candidates) <= parent_scores).all()  # any best-k prefix is a tree

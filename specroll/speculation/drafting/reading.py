@@ -7,9 +7,11 @@ d samples its child with is its row's stream d places ahead: known before the ve
 drafter that reads that noise drafts the draw, not the mode:
 
 - heads: a node's children are the best of log q(t) + g(t) over the heads' draft vocabulary
-  (q: the head's distribution, g: the draw's noise), each scored by how often a child of its rank
-  and margin was the draw (`reading_rates`, learned online from every pass like the blind
-  per-depth calibration);
+  (q: the head's distribution as the sampler samples, g: the draw's noise), each scored by the
+  better of two calibrated chances: how often a child of its rank and margin was the draw
+  (`reading_rates`, learned online from every pass) and its blind score (q times the per-depth
+  calibration). Where the heads are less sure than the policy (under top-p the policy's nucleus is
+  often its mode alone) the mode stays the better guess whatever the noise, and keeps its chain;
 - chains (context lookup, siblings, history): their tokens stay, each scored by the chance that a
   token of probability a (the chain's learned acceptance) wins Gumbel-max given its own noise g:
   the others' best is a Gumbel at log(1 - a), so the chance is exp(-(1/a - 1) e^-g), whose mean

@@ -93,8 +93,8 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
     the LM head (Reflex). sketch_size m > 0 keeps each depth's top-m head distribution per frontier
     node (the matured records of Reflex and the slow path).
     draws [B, depth] (`reading.node_draws`): children are the ones the noise of their draw favours
-    under `sampling` (SamplingParams), scored by the reading calibration `log_reading` [depth,
-    cells] (`reading`); None: blind drafts.
+    under `sampling` (SamplingParams), scored by the better of the reading calibration
+    `log_reading` [depth, cells] and the blind score (`reading`); None: blind drafts.
     """
     batch = hidden.shape[0]
     width = min(max_children, max_drafts)
@@ -127,7 +127,7 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
             step = (top_lp + log_calibration[d]).clamp(max=0.0)
         else:
             top_lp, top_tok, cell = read_children(logp, heads.draft_vocab, draws[:, d], width, sampling)
-            step = log_reading[d][cell]
+            step = torch.maximum(log_reading[d][cell], (top_lp + log_calibration[d]).clamp(max=0.0))
         cand = (frontier_scores[..., None] + step).flatten(1)  # [B, F*W]
         keep = min(max_drafts, cand.shape[1])
         best, idx = cand.topk(keep, dim=1)
