@@ -80,6 +80,8 @@ SETTINGS = {
     "topk3-trained-n6": Setting(dict(temperature=1.0, top_k=3), "trained", 6, min_deep_share=0.1),
     # FastGRPO's rule as rows finish: N = max(2, min(floor(C / B), 16)) grows from 2 to 16.
     "t1-trained-concurrency": Setting(dict(temperature=1.0), "trained", 16, capacity=9000, min_deep_share=0.01),
+    "t07-topp09-trained-n16-gumbel": Setting(dict(temperature=0.7, top_p=0.9, sampler="gumbel"), "trained", 16, n=2000,
+                                             min_deep_share=0.25),
 }
 
 # make test-fast's setting: trees that grow as rows finish, up to 16 nodes.

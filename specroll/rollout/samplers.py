@@ -84,11 +84,9 @@ def most_likely_tokens(logprobs: torch.Tensor, k: int) -> torch.Tensor:
     On a CPU outside a compiled step a float top-k serves every row without a tie at its k-th value."""
     if not host_reads_are_free(logprobs) or k == logprobs.shape[-1]:
         return tie_broken_top(logprobs, k)
-    values, ids = logprobs.topk(k + 1, dim=-1, sorted=False)
-    last_two = values.topk(2, dim=-1, largest=False).values  # the (k+1)-th and k-th largest
-    kept = values.topk(k, dim=-1, sorted=False).indices
-    top = ids.gather(1, kept)
-    tied = (last_two[:, 0] == last_two[:, 1]) & last_two[:, 1].isfinite()  # tied at -inf: no mass either way
+    values, ids = logprobs.topk(k + 1, dim=-1)  # sorted, largest first
+    top = ids[:, :k].contiguous()
+    tied = (values[:, k - 1] == values[:, k]) & values[:, k].isfinite()  # tied at -inf: no mass either way
     if tied.any():
         top[tied] = tie_broken_top(logprobs[tied], k)
     return top
