@@ -10,7 +10,8 @@ from exactness import near_cutoff, reference_probs
 from scipy.stats import chisquare
 
 from specroll.config_checks import FieldError
-from specroll.configs.sections import RolloutConfig
+from specroll.configs.sections import EvalConfig, RolloutConfig
+from specroll.eval.evaluation import eval_plan
 from specroll.rollout import RowRandom, SamplingParams, sample_tokens, sampling_logprobs
 from specroll.rollout.draw_noise import token_gumbels
 from specroll.rollout.samplers import GUMBEL_CANDIDATES, most_likely_tokens, two_stage_gumbel
@@ -116,8 +117,9 @@ def test_the_compiled_draw_is_the_eager_one_ties_and_outside_draws_included():
     assert (ranks >= GUMBEL_CANDIDATES).sum() > 5  # some rows drew outside the candidates
 
 
-def test_the_sampler_is_a_validated_rollout_setting():
+def test_the_sampler_is_a_validated_rollout_setting_that_rollouts_and_evaluation_sample_with():
     assert RolloutConfig(sampler="gumbel").sampling_params(seed=3).sampler == "gumbel"
+    assert eval_plan(RolloutConfig(sampler="gumbel"), EvalConfig(samples=4, k=[1, 4])).sampled.sampler == "gumbel"
     assert SamplingParams().sampler == "inverse_cdf"
     with pytest.raises(FieldError, match="sampler"):
         RolloutConfig(sampler="gumbel_max")

@@ -164,15 +164,17 @@ SETTINGS = {
         dict(temperature=1.0), "medusa-trained",
         dict(budget="fixed", fixed_nodes=8, adaptation="reflex",
              reflex=ReflexConfig(mode="paper", scale=100.0, reliability_threshold=-1.0)), min_deep_share=0.03),
-    # The gumbel sampler among 3 of the 8 tokens, so both its stages draw; then among all 8.
+    # The gumbel sampler among 3 of the 8 tokens, so both its stages draw; then among all 8. Blind
+    # trees, whose acceptance null these tests know (trees that read the draws: test_speculation_reading_exactness.py).
     "t1-path-trained-fixed8-gumbel-candidates3": Setting(dict(temperature=1.0, sampler="gumbel"), "path-trained",
-                                                         dict(budget="fixed", fixed_nodes=8), gumbel_candidates=3,
-                                                         min_deep_share=0.05),
+                                                         dict(budget="fixed", fixed_nodes=8, read_draws=False),
+                                                         gumbel_candidates=3, min_deep_share=0.05),
     "t07-topp09-path-trained-fixed16-gumbel": Setting(dict(temperature=0.7, top_p=0.9, sampler="gumbel"), "path-trained",
-                                                      dict(budget="fixed", fixed_nodes=16), n=2000, min_deep_share=0.25),
+                                                      dict(budget="fixed", fixed_nodes=16, read_draws=False), n=2000,
+                                                      min_deep_share=0.25),
     "t1-path-trained-concurrency-gumbel": Setting(dict(temperature=1.0, sampler="gumbel"), "path-trained",
-                                                  dict(budget="concurrency", capacity=18000, sync_free_trees=True),
-                                                  min_deep_share=0.05),
+                                                  dict(budget="concurrency", capacity=18000, sync_free_trees=True,
+                                                       read_draws=False), min_deep_share=0.05),
 }
 
 

@@ -115,7 +115,7 @@ class EvalConfig:
     # A file, folder or hub name of held-out problems, read as data.records says; null: data.path at `split`
     path: str | None = None
     limit: int | None = 64  # evaluate the first `limit` held-out problems; null: all
-    samples: int = 0  # responses sampled per problem (rollout temperature, top-p, top-k) for pass@k; 0: greedy accuracy only
+    samples: int = 0  # responses sampled per problem (rollout temperature, top-p, top-k, sampler) for pass@k; 0: greedy accuracy only
     k: list[int] = field(default_factory=lambda: [1])  # report pass@k for each k (each <= samples) when samples > 0
     # problems per generate call, in training and in `python -m specroll.eval` alike, so that the
     # same weights give the same responses in both
