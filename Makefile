@@ -29,7 +29,7 @@ run: $(STAMP)
 	$(PY) -m specroll.train experiment=quickstart
 
 test: $(STAMP)
-	$(PYTEST) tests
+	$(PYTEST) --durations=25 tests
 
 test-fast: $(STAMP)
 	$(PYTEST) -m "$(FAST_TIER)" tests

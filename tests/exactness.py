@@ -12,7 +12,9 @@ grouped by what was known before them (depth in the step, drafted mass).
 
 Three tests per group of decisions, each an approximately chi-square statistic:
 - acceptance calibration: how often the token was one of the drafted children, against the
-  exact probability of that (cells: depth x drafted-mass bin);
+  exact probability of that (cells: depth x bin of that probability). For blind trees it is the
+  drafted mass; trees that read their draws' noise hit more often, and their null is the exact
+  chance given that noise (`gumbel_hit_chance`);
 - token: counts of each token id against the summed exact probabilities;
 - rank: counts of each rank under the exact distribution (rank 0 = most likely token).
 """
@@ -28,6 +30,8 @@ from scipy.stats import chi2
 
 from specroll.models import to_hf_state_dict
 from specroll.rollout import RolloutEngine
+from specroll.rollout.draw_noise import token_gumbels
+from specroll.rollout.sampling import RowRandom, uniforms_at
 from specroll.speculation.verification.verify import verify_tree
 
 
@@ -145,8 +149,8 @@ class DecisionRecorder:
                            verdict.tokens.cpu()))
         return verdict
 
-    def verify(self, logprobs, tree, uniforms, greedy, max_depth):
-        verdict = self.rule(logprobs, tree, uniforms, greedy, max_depth)
+    def verify(self, logprobs, tree, uniforms, params, max_depth):
+        verdict = self.rule(logprobs, tree, uniforms, params, max_depth)
         rows, emitted_before = self._rows
         self.steps.append((rows, emitted_before, tree.tokens.cpu(), tree.parents.cpu(), tree.valid.cpu(),
                            verdict.path.cpu(), verdict.counts.cpu(), verdict.tokens.cpu()))
@@ -246,11 +250,20 @@ def multinomial_sum_test(observed: np.ndarray, probs: np.ndarray) -> float:
     return float(chi2.sf(stat, df=len(diff)))
 
 
-def acceptance_test(dec: Decisions, depth_groups: list[tuple[int, int]]) -> float:
-    """p-value that the drafted children were hit as often as the exact probabilities say, per
-    cell of (decision depth group x drafted-mass bin): sum of squared z-scores, chi-square."""
+def hits_and_chances(dec: Decisions, chance: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """[N] whether each decision's token was a drafted child, and the exact chance of that:
+    `chance`, or where None the drafted mass (the chance for trees blind to the draws)."""
     hit = dec.drafted[np.arange(len(dec.tokens)), dec.tokens]
-    mass = (dec.probs * dec.drafted).sum(axis=1)
+    return hit, (dec.probs * dec.drafted).sum(axis=1) if chance is None else chance
+
+
+def acceptance_test(dec: Decisions, depth_groups: list[tuple[int, int]], chance: np.ndarray | None = None) -> float:
+    """p-value that the drafted children were hit as often as the exact probabilities say, per
+    cell of (decision depth group x bin of the chance of a hit, `hits_and_chances`): sum of
+    squared z-scores, chi-square. A hit of chance 0 or a miss of chance 1 gives p = 0."""
+    hit, mass = hits_and_chances(dec, chance)
+    if (hit & (mass <= 0)).any() or (~hit & (mass >= 1)).any():
+        return 0.0
     stat, cells = 0.0, 0
     for lo, hi in depth_groups:
         in_depth = (dec.depth >= lo) & (dec.depth <= hi)
@@ -263,12 +276,11 @@ def acceptance_test(dec: Decisions, depth_groups: list[tuple[int, int]]) -> floa
     return float(chi2.sf(stat, df=cells)) if cells else 1.0
 
 
-def pooled_acceptance_test(dec: Decisions) -> float:
+def pooled_acceptance_test(dec: Decisions, chance: np.ndarray | None = None) -> float:
     """Two-sided p-value that drafted children were hit as often as the exact probabilities say,
     over all decisions together: the test with the most power against a rule that accepts a
     little too often (or too rarely) everywhere."""
-    hit = dec.drafted[np.arange(len(dec.tokens)), dec.tokens]
-    mass = (dec.probs * dec.drafted).sum(axis=1)
+    hit, mass = hits_and_chances(dec, chance)
     variance = (mass * (1 - mass)).sum()
     if variance < MIN_CELL_VARIANCE:
         return 1.0
@@ -283,11 +295,12 @@ def ranks(probs: np.ndarray) -> np.ndarray:
     return out
 
 
-def exactness_pvalues(dec: Decisions, max_depth: int) -> dict[str, float]:
-    """Every test's p-value: acceptance calibration over all depths, token and rank tests per
-    depth (depth 0 includes plain steps and the prefill token)."""
+def exactness_pvalues(dec: Decisions, max_depth: int, chance: np.ndarray | None = None) -> dict[str, float]:
+    """Every test's p-value: acceptance calibration over all depths (against `chance`, see
+    `hits_and_chances`), token and rank tests per depth (depth 0 includes plain steps and the
+    prefill token)."""
     groups = [(d, d) for d in range(max_depth)] + [(max_depth, max_depth)]
-    out = {"acceptance": acceptance_test(dec, groups), "acceptance_pooled": pooled_acceptance_test(dec)}
+    out = {"acceptance": acceptance_test(dec, groups, chance), "acceptance_pooled": pooled_acceptance_test(dec, chance)}
     n, vocab = dec.probs.shape
     onehot = np.zeros((n, vocab), dtype=bool)
     onehot[np.arange(n), dec.tokens] = True
@@ -308,3 +321,27 @@ def exactness_pvalues(dec: Decisions, max_depth: int) -> dict[str, float]:
 def bonferroni_min(pvalues: dict[str, float]) -> float:
     """The smallest p-value times the number of tests (capped at 1): one figure for the family."""
     return min(1.0, min(pvalues.values()) * len(pvalues))
+
+
+def decision_draws(dec: Decisions, seed: int, n: int) -> np.ndarray:
+    """[N] the draw of each decision: its response's stream (prompt i's j-th response is row key
+    (i, j), as the engine keys them) at the token's position."""
+    keys = RowRandom(seed, [(r // n, r % n) for r in range(int(dec.response.max()) + 1)], "cpu").keys
+    return uniforms_at(keys[dec.response], torch.as_tensor(dec.position)[:, None])[:, 0].numpy()
+
+
+def gumbel_hit_chance(dec: Decisions, draws: np.ndarray, candidates: int) -> np.ndarray:
+    """[N] the exact chance that each decision's token was a drafted child, given every token's
+    Gumbel under its draw `draws` [N] (more than any tree reads), under the gumbel sampler with
+    `candidates` tokens in its first stage: the argmax over the likeliest `candidates` (S) of
+    log p + G with probability p(S), else a token outside S with probability p, whatever G."""
+    n, vocab = dec.probs.shape
+    noise = token_gumbels(torch.as_tensor(draws), torch.arange(vocab).expand(n, -1)).numpy()
+    inside = np.zeros_like(dec.drafted)
+    np.put_along_axis(inside, np.argsort(-dec.probs, axis=1, kind="stable")[:, :candidates], True, axis=1)
+    with np.errstate(divide="ignore"):
+        perturbed = np.where(inside, np.log(dec.probs) + noise, -np.inf)
+    winner = perturbed.argmax(axis=1)
+    rows = np.arange(n)
+    return ((dec.probs * inside).sum(axis=1) * dec.drafted[rows, winner] * (dec.probs[rows, winner] > 0)
+            + (dec.probs * dec.drafted * ~inside).sum(axis=1))

@@ -1,12 +1,14 @@
 """The yield benchmark: which sources it can measure alone, and a tiny end-to-end run whose
-sources decode the same responses and stay under the oracle bound, and whose would-be trees
-score the heads' drafts on those responses decoded plain."""
+sources, blind and reading the draws, decode the same responses and stay under their bounds (the
+oracle for blind drafts, every node accepted for reading ones), and whose would-be trees score the
+heads' drafts on those responses decoded plain."""
 import json
 
 import pytest
 
 from specroll.benchmarks.acceptance import (
     COMBINED,
+    DRAFTS,
     SAMPLINGS,
     SOURCES,
     base_config,
@@ -43,14 +45,21 @@ def test_a_tiny_run_measures_every_source_under_the_oracle_and_draws_the_figure(
     assert saved["rows"] == json.loads(json.dumps(result["rows"]))
     rows = saved["rows"]
     sources = list(source_settings(SOURCES))
-    assert [(r["sampling"], r["budget"], r["source"]) for r in rows] == [
-        (s, b, name) for s in SAMPLINGS for b in (4, 8) for name in sources]
+    assert [(r["sampling"], r["budget"], r["source"], r["drafts"]) for r in rows] == [
+        (s, b, name, drafts) for s in SAMPLINGS for b in (4, 8) for name in sources for drafts in DRAFTS]
     for row in rows:
         assert row["same_responses"] == 1.0  # coupled draws: only the drafts differ
         assert len(row["tokens_per_pass_by_epoch"]) == 2 and len(row["oracle_tokens_per_pass_by_epoch"]) == 2
-        assert 1.0 < row["tokens_per_pass"] <= row["oracle_tokens_per_pass"] * 1.02
-        assert row["fraction_of_oracle"] == row["tokens_per_pass"] / row["oracle_tokens_per_pass"] <= 1.02
+        assert row["bound_tokens_per_pass"] == min(row["budget"], 5)  # the tiny heads draft 4 deep
+        assert row["fraction_of_oracle"] == row["tokens_per_pass"] / row["oracle_tokens_per_pass"]
         assert row["break_even_plain_steps"] == row["tokens_per_pass"]
+        if row["drafts"] == "reading":  # past the blind oracle, never past every node accepted
+            assert 1.0 < row["tokens_per_pass"] <= row["bound_tokens_per_pass"]
+            blind = next(r for r in rows if (r["sampling"], r["budget"], r["source"], r["drafts"])
+                         == (row["sampling"], row["budget"], row["source"], "blind"))
+            assert row["reading_vs_blind"] == row["tokens_per_pass"] / blind["tokens_per_pass"] - 1
+            continue
+        assert 1.0 < row["tokens_per_pass"] <= row["oracle_tokens_per_pass"] * 1.02
         if row["source"] != "heads":  # --would-be's default
             assert "would_be_tokens_per_pass" not in row
             continue
@@ -59,10 +68,12 @@ def test_a_tiny_run_measures_every_source_under_the_oracle_and_draws_the_figure(
         assert row["would_be_vs_trees"] == row["would_be_tokens_per_pass"] / row["tokens_per_pass"] - 1
         assert abs(row["would_be_vs_trees"]) < 0.05  # the same drafts scored, not run
     for s in SAMPLINGS:
-        oracle = [r["oracle_tokens_per_pass"] for r in rows if r["sampling"] == s and r["source"] == sources[0]]
+        oracle = [r["oracle_tokens_per_pass"] for r in rows if (r["sampling"], r["source"], r["drafts"]) == (s, sources[0], "blind")]
         assert oracle[1] > oracle[0]  # a larger budget lets a perfect drafter emit more
+    combined = {r["drafts"]: r["tokens_per_pass"] for r in rows if (r["sampling"], r["budget"], r["source"]) == ("T=1", 8, COMBINED)}
+    assert combined["reading"] > combined["blind"]  # at T=1 the draws' noise read: more of each tree is the draw
     assert result["table"] == markdown_table(rows) and len(result["table"].splitlines()) == 2 + 2 * len(SAMPLINGS)
-    assert result["table"].splitlines()[0].endswith("| would-be (heads) |")
+    assert result["table"].splitlines()[0].endswith("| would-be (heads blind) |")
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -83,8 +94,14 @@ def test_set_changes_speculation_config_fields_read_as_yaml_and_names_a_bad_one(
 def test_a_run_measures_only_the_sources_and_samplings_asked_for_with_the_config_set(tmp_path):
     result = main(["--tiny", "--threads", "1", "--prompts", "1", "--group", "4", "--max-new-tokens", "12",
                    "--budgets", "4", "--epochs", "1", "--sources", "heads", COMBINED, "--samplings", "T=1", "--would-be", "none",
-                   "--set", "max_frontier=2", "max_children=3", "--json", str(tmp_path / "a.json")])
-    assert [(r["sampling"], r["source"]) for r in result["rows"]] == [("T=1", "heads"), ("T=1", COMBINED)]
+                   "--drafts", "reading", "--set", "max_frontier=2", "max_children=3", "--json", str(tmp_path / "a.json")])
+    assert [(r["sampling"], r["source"], r["drafts"]) for r in result["rows"]] == [("T=1", "heads", "reading"),
+                                                                                  ("T=1", COMBINED, "reading")]
     assert not any("would_be_tokens_per_pass" in r for r in result["rows"])
     assert (result["config"]["max_frontier"], result["config"]["max_children"]) == (2, 3)
     assert len(result["table"].splitlines()) == 3
+
+
+def test_reading_drafts_need_the_gumbel_sampler():
+    with pytest.raises(SystemExit):
+        main(["--tiny", "--drafts", "reading", "--sampler", "inverse_cdf"])

@@ -24,11 +24,14 @@ def test_gpu_check_dry_run_times_every_case_against_its_floors(tmp_path):
         assert timing["attention_kernels"] == {"grouped": "flash_attention", "masked_gqa": "flash_attention"}
         assert timing["cudagraph_skips"] == []  # no CUDA graphs are attempted on a CPU
     assert result["spec_vs_plain"] == {"skipped": "dry run"} and result["skipped"] == []
+    # Plain decoding with each sampler, side by side at each concurrency (a tiny policy in a dry run).
+    assert [row["concurrency"] for row in result["sampler_cost"]["eager"]["rows"]] == [1, 4]
+    assert all(row["gumbel_tokens_s"] > 0 and row["inverse_cdf_tokens_s"] > 0 for row in result["sampler_cost"]["eager"]["rows"])
 
     # --models splits the check (each compiled shape takes minutes on a fresh GPU machine).
     # --profile names the ops a step spends its time in (the decoder layers' matmuls among them).
     # --attention-variants times the step's attention call beside other kernels, against its output.
-    gpu_check.main(["--dry-run", "--device", "cpu", "--no-compile", "--no-spec", "--models", "qwen2.5-1.5b",
+    gpu_check.main(["--dry-run", "--device", "cpu", "--no-compile", "--no-spec", "--no-sampler-cost", "--models", "qwen2.5-1.5b",
                     "--profile", "--attention-variants", "--json", str(path)])
     result = json.loads(path.read_text())
     (variants,) = result["attention_variants"].values()
@@ -48,12 +51,12 @@ def test_gpu_check_skips_what_would_end_past_its_time_budget(tmp_path):
                     "--json", str(path)])
     result = json.loads(path.read_text())
     assert [t["compiled"] for t in result["timings"]] == [False, False]
-    skipped = [s["case"] if s["case"] == "spec_vs_plain" else (s["case"]["batch_size"], s["compiled"])
+    skipped = [s["case"] if isinstance(s["case"], str) else (s["case"]["batch_size"], s["compiled"])
                for s in result["skipped"]]
-    assert skipped == [(1, True), (4, True), "spec_vs_plain"]
+    assert skipped == [(1, True), (4, True), "sampler_cost", "spec_vs_plain"]
     gpu_check.main(["--dry-run", "--device", "cpu", "--time-budget-s", "0", "--json", str(path)])
     result = json.loads(path.read_text())
-    assert result["timings"] == [] and len(result["skipped"]) == 7 and result["skipped"][-1]["case"] == "spec_vs_plain"
+    assert result["timings"] == [] and len(result["skipped"]) == 8 and result["skipped"][-1]["case"] == "spec_vs_plain"
 
 
 @pytest.mark.compile

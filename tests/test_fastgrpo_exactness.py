@@ -80,6 +80,8 @@ SETTINGS = {
     "topk3-trained-n6": Setting(dict(temperature=1.0, top_k=3), "trained", 6, min_deep_share=0.1),
     # FastGRPO's rule as rows finish: N = max(2, min(floor(C / B), 16)) grows from 2 to 16.
     "t1-trained-concurrency": Setting(dict(temperature=1.0), "trained", 16, capacity=9000, min_deep_share=0.01),
+    "t07-topp09-trained-n16-gumbel": Setting(dict(temperature=0.7, top_p=0.9, sampler="gumbel"), "trained", 16, n=2000,
+                                             min_deep_share=0.25),
 }
 
 # make test-fast's setting: trees that grow as rows finish, up to 16 nodes.
@@ -168,7 +170,7 @@ def leak_first_child(rate: float):
     the policy's sample there was."""
     generator = torch.Generator(torch.get_default_device()).manual_seed(1234)
 
-    def rule(logprobs, tree: DraftTree, uniforms, greedy, max_depth) -> Verdict:
+    def rule(logprobs, tree: DraftTree, uniforms, params, max_depth) -> Verdict:
         chosen = torch.rand(logprobs.shape[:2], generator=generator, device=logprobs.device) < rate
         out = logprobs.clone()
         for i in range(tree.num_drafts + 1):
@@ -176,7 +178,7 @@ def leak_first_child(rate: float):
             first = tree.tokens.gather(1, children.int().argmax(dim=1, keepdim=True))
             certain = torch.full_like(out[:, i], float("-inf")).scatter(1, first, 0.0)
             out[:, i] = torch.where((children.any(dim=1) & chosen[:, i])[:, None], certain, out[:, i])
-        return verify_tree(out, tree, uniforms, greedy, max_depth)
+        return verify_tree(out, tree, uniforms, params, max_depth)
 
     return rule
 

@@ -11,7 +11,8 @@ from scipy.stats import chisquare
 
 from specroll.models import build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams, sampling_logprobs
-from specroll.rollout.sampling import CDF_BLOCK, first_above, inverse_cdf, nucleus_floor
+from specroll.rollout.samplers import CDF_BLOCK, first_above, inverse_cdf
+from specroll.rollout.sampling import nucleus_floor
 
 NEG_INF = float("-inf")
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0])

@@ -9,6 +9,7 @@ for the statistics. Test-only acceptance rules with subtle biases (negative cont
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import dataclass, field, replace
@@ -27,8 +28,8 @@ from exactness import (
 )
 
 from specroll.models import build_tiny_model
-from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens, sampling
-from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder
+from specroll.rollout import RolloutEngine, SamplingParams, sample_tokens, samplers, sampling
+from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDecoder, step
 from specroll.speculation.adaptation.consolidation import ConsolidationConfig, HeadConsolidator
 from specroll.speculation.adaptation.drift_detector import DriftConfig
 from specroll.speculation.adaptation.reflex import ReflexConfig
@@ -104,6 +105,7 @@ class Setting:
     nucleus_candidates: int | None = None  # top-p searched among this many tokens first (else rows are sorted whole)
     gate_probe_every: int | None = None  # a closed tree gate probing every this many plain steps (see gated_profile)
     history_calls: int = 0  # earlier generate calls (other seeds) whose responses history lookup keeps
+    gumbel_candidates: int | None = None  # the gumbel sampler's candidates (else GUMBEL_CANDIDATES, all of VOCAB)
 
 
 SETTINGS = {
@@ -162,12 +164,22 @@ SETTINGS = {
         dict(temperature=1.0), "medusa-trained",
         dict(budget="fixed", fixed_nodes=8, adaptation="reflex",
              reflex=ReflexConfig(mode="paper", scale=100.0, reliability_threshold=-1.0)), min_deep_share=0.03),
+    # The gumbel sampler among 3 of the 8 tokens, so both its stages draw; then among all 8.
+    "t1-path-trained-fixed8-gumbel-candidates3": Setting(dict(temperature=1.0, sampler="gumbel"), "path-trained",
+                                                         dict(budget="fixed", fixed_nodes=8), gumbel_candidates=3,
+                                                         min_deep_share=0.05),
+    "t07-topp09-path-trained-fixed16-gumbel": Setting(dict(temperature=0.7, top_p=0.9, sampler="gumbel"), "path-trained",
+                                                      dict(budget="fixed", fixed_nodes=16), n=2000, min_deep_share=0.25),
+    "t1-path-trained-concurrency-gumbel": Setting(dict(temperature=1.0, sampler="gumbel"), "path-trained",
+                                                  dict(budget="concurrency", capacity=18000, sync_free_trees=True),
+                                                  min_deep_share=0.05),
 }
 
 
 # make test-fast's settings: deep trees under top-p, many rejections, a budget that grows as rows finish.
-QUICK = {"t07-topp09-path-trained-fixed16", "t1-path-random-fixed4", "t1-path-trained-concurrency"}
-QUICK_MUTATIONS = {"leak-2%", "parent-uniform-below-depth-1"}
+QUICK = {"t07-topp09-path-trained-fixed16", "t1-path-random-fixed4", "t1-path-trained-concurrency",
+         "t1-path-trained-fixed8-gumbel-candidates3"}
+QUICK_MUTATIONS = {"leak-2%", "parent-uniform-below-depth-1", "child-reuses-parent-noise-gumbel"}
 
 
 def cost_model_profile(decoder) -> None:
@@ -188,8 +200,18 @@ def gated_profile(decoder) -> None:
     decoder.gate.tokens, decoder.gate.rows = [1.0] * len(decoder.gate.buckets), [1.0] * len(decoder.gate.buckets)
 
 
-def speculative_rollout(model, heads, setting: Setting, rule=verify_tree):
-    """(output, recorder, sampling params) of one speculative generate call with `rule` as the acceptance rule."""
+@contextlib.contextmanager
+def sampler_candidates(setting: Setting):
+    """The gumbel sampler's candidates as `setting` asks, for its plain and speculative calls alike."""
+    with pytest.MonkeyPatch.context() as patch:
+        if setting.gumbel_candidates is not None:
+            patch.setattr(samplers, "GUMBEL_CANDIDATES", setting.gumbel_candidates)
+        yield
+
+
+def speculative_rollout(model, heads, setting: Setting, rule=verify_tree, noise=None):
+    """(output, recorder, sampling params) of one speculative generate call with `rule` as the acceptance
+    rule; `noise` (a `NOISE_MUTATIONS` entry) rekeys the draws it samples with."""
     nodes = setting.spec.get("fixed_nodes", 16)
     cfg = SpeculationConfig(head_type=heads.head_type, num_heads=NUM_HEADS, heads_path=None, max_nodes=nodes,
                      context_lookup=setting.lookup != "off", **setting.spec)
@@ -207,7 +229,9 @@ def speculative_rollout(model, heads, setting: Setting, rule=verify_tree):
         earlier = engine.generate(PROMPTS, replace(params, seed=100 + call))
         engine.decoder.remember_responses(PROMPTS, earlier.token_ids, setting.n)
     recorder = DecisionRecorder(engine, [len(p) for p in PROMPTS], setting.n, rule)
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, sampler_candidates(setting):
+        if noise is not None:
+            noise(patch)
         if setting.nucleus_candidates is not None:
             patch.setattr(sampling, "NUCLEUS_CANDIDATES", setting.nucleus_candidates)
         if setting.gate_probe_every is not None:
@@ -271,7 +295,9 @@ def test_sampled_responses_are_the_plain_ones(model, rollouts, name):
     """Whatever was drafted, a speculative response is the plain one for the same seed."""
     setting = SETTINGS[name]
     params = SamplingParams(n=setting.n, max_new_tokens=NEW_TOKENS, seed=0, **setting.sampling)
-    assert_plain_responses(model, PROMPTS, rollouts(name)[0], params)
+    out = rollouts(name)[0]
+    with sampler_candidates(setting):
+        assert_plain_responses(model, PROMPTS, out, params)
 
 
 @pytest.mark.statistics
@@ -351,32 +377,37 @@ def leaky(rate: float):
     whatever the policy's sample there was."""
     generator = torch.Generator(torch.get_default_device()).manual_seed(1234)
 
-    def rule(logprobs, tree, uniforms, greedy, max_depth) -> Verdict:
+    def rule(logprobs, tree, uniforms, params, max_depth) -> Verdict:
         nodes = torch.rand(logprobs.shape[:2], generator=generator, device=logprobs.device) < rate
-        return verify_tree(point_mass_on_first_child(logprobs, tree, nodes), tree, uniforms, greedy, max_depth)
+        return verify_tree(point_mass_on_first_child(logprobs, tree, nodes), tree, uniforms, params, max_depth)
 
     return rule
 
 
-def first_child_from_third_decision(logprobs, tree, uniforms, greedy, max_depth) -> Verdict:
+def first_child_from_third_decision(logprobs, tree, uniforms, params, max_depth) -> Verdict:
     """WRONG on purpose: from the third decision of a step on (nodes at depth >= 2), always accept the first child."""
     depth = torch.cat((torch.zeros_like(tree.depths[:, :1]), tree.depths), dim=1)
-    return verify_tree(point_mass_on_first_child(logprobs, tree, depth >= 2), tree, uniforms, greedy, max_depth)
+    return verify_tree(point_mass_on_first_child(logprobs, tree, depth >= 2), tree, uniforms, params, max_depth)
 
 
-def parent_uniform_below_depth_one(logprobs, tree, uniforms, greedy, max_depth) -> Verdict:
-    """WRONG on purpose: nodes at depth >= 2 reuse their parent's uniform instead of a fresh one."""
-    reused = uniforms.clone()
-    for i in range(tree.num_drafts):  # parents come before their children
-        parent = reused.gather(1, tree.parents[:, i : i + 1])[:, 0]
-        reused[:, i + 1] = torch.where(tree.depths[:, i] >= 2, parent, reused[:, i + 1])
-    return verify_tree(logprobs, tree, reused, greedy, max_depth)
+def parent_uniform_from_depth(depth: int):
+    """WRONG on purpose: nodes at `depth` and below reuse their parent's draw (its uniform, and under
+    the gumbel sampler its noise) instead of a fresh one."""
+
+    def rule(logprobs, tree, uniforms, params, max_depth) -> Verdict:
+        reused = uniforms.clone()
+        for i in range(tree.num_drafts):  # parents come before their children
+            parent = reused.gather(1, tree.parents[:, i : i + 1])[:, 0]
+            reused[:, i + 1] = torch.where(tree.depths[:, i] >= depth, parent, reused[:, i + 1])
+        return verify_tree(logprobs, tree, reused, params, max_depth)
+
+    return rule
 
 
-def ratio_acceptance(logprobs, tree, uniforms, greedy, max_depth) -> Verdict:
+def ratio_acceptance(logprobs, tree, uniforms, params, max_depth) -> Verdict:
     """WRONG on purpose: accept the first child c with min(1, p(c)/q(c)) using the head's q,
     else emit the policy's sample at that node (the exact residual would be norm(max(0, p - q)))."""
-    samples, _ = sample_tokens(logprobs, uniforms, greedy)  # [B, 1+M]
+    samples, _ = sample_tokens(logprobs, uniforms, params)  # [B, 1+M]
     generator = torch.Generator(logprobs.device).manual_seed(99)
     batch = logprobs.shape[0]
     rows = torch.arange(batch, device=logprobs.device)
@@ -406,7 +437,8 @@ MUTATIONS = {  # rule, the setting it is tried on
     "leak-1%": (leaky(0.01), "t1-path-random-fixed4"),
     "leak-2%": (leaky(0.02), "t1-path-random-fixed4"),
     "first-child-from-third-decision": (first_child_from_third_decision, "t07-topp09-path-trained-fixed16"),
-    "parent-uniform-below-depth-1": (parent_uniform_below_depth_one, "t07-topp09-path-trained-fixed16"),
+    "parent-uniform-below-depth-1": (parent_uniform_from_depth(2), "t07-topp09-path-trained-fixed16"),
+    "child-reuses-parent-noise-gumbel": (parent_uniform_from_depth(1), "t1-path-trained-fixed8-gumbel-candidates3"),
     "ratio-acceptance": (ratio_acceptance, "t1-path-trained-concurrency"),
     "leak-5%-siblings-history": (leaky(0.05), "t1-path-random-fixed8-siblings-history"),  # n=1000 finds a 2% leak, not below FAIL_P
     "first-child-from-third-decision-lookups-only": (first_child_from_third_decision,
@@ -420,6 +452,45 @@ def test_biased_acceptance_rules_are_rejected(model, oracle, heads, mutation, re
     rule, name = MUTATIONS[mutation]
     setting = SETTINGS[name]
     out, recorder, params = speculative_rollout(model, heads[setting.heads], setting, rule=rule)
+    pvalues = exactness_pvalues(decisions_of(oracle, PROMPTS, out, recorder, params, setting.n), NUM_HEADS)
+    record_property("pvalues", pvalues)
+    print(f"{mutation} on {name}: Bonferroni min p {bonferroni_min(pvalues):.3g}")
+    assert bonferroni_min(pvalues) < FAIL_P, pvalues
+
+
+def rekeyed_draws(draws_of, plain_steps: bool):
+    """WRONG on purpose: tree nodes (and with `plain_steps` plain steps too) sample with the draws
+    `draws_of(draws)` of their rows' streams instead of `draws` (each node's response position)."""
+    real = sampling.uniforms_at
+
+    def patch_in(patch: pytest.MonkeyPatch) -> None:
+        def fake(keys, draws):
+            return real(keys, draws_of(draws))
+
+        patch.setattr(step, "uniforms_at", fake)
+        if plain_steps:
+            patch.setattr(sampling, "uniforms_at", fake)
+
+    return patch_in
+
+
+NOISE_MUTATIONS = {  # how the draws are rekeyed, the setting it is tried on
+    # Every token of a response with the same draw: noise keyed by the seed and the row alone.
+    "noise-not-keyed-by-position": (rekeyed_draws(torch.zeros_like, plain_steps=True),
+                                    "t1-path-trained-fixed8-gumbel-candidates3"),
+    # Node i of a tree with the draw i places ahead, whatever its depth: the next pass reuses draws.
+    "noise-keyed-by-tree-node": (rekeyed_draws(lambda d: d[:, :1] + torch.arange(d.shape[1], device=d.device),
+                                               plain_steps=False), "t1-path-trained-concurrency-gumbel"),
+}
+QUICK_NOISE_MUTATIONS: set[str] = set()  # the quick tier has a child reusing its parent's noise
+
+
+@pytest.mark.parametrize("mutation", tiered(NOISE_MUTATIONS, QUICK_NOISE_MUTATIONS))
+def test_miskeyed_noise_is_rejected(model, oracle, heads, mutation, record_property):
+    """Negative controls: draws not keyed by the response position fail the same tests."""
+    noise, name = NOISE_MUTATIONS[mutation]
+    setting = SETTINGS[name]
+    out, recorder, params = speculative_rollout(model, heads[setting.heads], setting, noise=noise)
     pvalues = exactness_pvalues(decisions_of(oracle, PROMPTS, out, recorder, params, setting.n), NUM_HEADS)
     record_property("pvalues", pvalues)
     print(f"{mutation} on {name}: Bonferroni min p {bonferroni_min(pvalues):.3g}")

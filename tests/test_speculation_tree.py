@@ -173,7 +173,7 @@ def test_greedy_verification_accepts_exactly_the_argmax_chain(model):
     with torch.no_grad():
         out = model(ids, position_ids=positions, cache=cache, new_token_mask=tree_attention_mask(tree, 3))
     logprobs = torch.log_softmax(out.logits.float(), -1)
-    verdict = verify_tree(logprobs, tree, None, greedy=True, max_depth=3)
+    verdict = verify_tree(logprobs, tree, None, SamplingParams(temperature=0.0), max_depth=3)
     emitted = verdict.tokens[0, : int(verdict.counts[0])].tolist()
     sequence = [5, 6, 7, 8]
     for token in emitted:

@@ -54,10 +54,10 @@ def test_a_skipped_step_draws_its_extra_rounds_from_the_stream_and_resume_contin
 @pytest.mark.smollm2
 def test_a_speculative_run_and_its_vanilla_twin_fill_the_batch_with_the_same_groups(ray_cluster, tmp_path):
     """SmolLM2 gets a fifth of these problems right, so some groups differ and some do not. A target of
-    4 groups from 2 prompts a step makes every step sample more; both twins draw the same prompts,
+    4 groups from 2 prompts makes the step sample more; both twins draw the same prompts,
     keep the same groups (each with differing rewards) and sample the same responses."""
     common = ["experiment=quickstart", "data.prompts_per_step=2", "dynamic_sampling.target_groups=4",
-              "dynamic_sampling.max_extra_rounds=8", "total_steps=2", "checkpoint_every=0", "eval_every=0",
+              "dynamic_sampling.max_extra_rounds=8", "total_steps=1", "checkpoint_every=0", "eval_every=0",
               "logger=none"]
     runs = {}
     for mode in ("speculation", "vanilla"):

@@ -3,10 +3,13 @@
 Each draft source drafts trees of a fixed node budget per response (root included; 4, 8 and 16
 by default) for GRPO groups (8 responses per prompt) of held-out GSM8K test prompts, at T=1
 (top-p 1) and at T=0.7 with top-p 0.9: every source alone where the others can be switched off,
-and all of them combined (today's default drafter). Draws are coupled: every source decodes
-with the same seeds, so it decodes the same responses (the share that came out identical is
-printed) and only its drafts differ. The oracle bound (benchmarks/oracle.py) is computed on
-those responses at the same budget, with each source's fraction of it.
+and all of them combined (today's default drafter), each with blind drafts and with drafts that
+read the coming draws (`speculation.read_draws`, under the Gumbel sampler: `--sampler`). Draws are
+coupled: every source decodes with the same seeds, so it decodes the same responses (the share
+that came out identical is printed) and only its drafts differ. The oracle bound
+(benchmarks/oracle.py), a drafter blind to the draws, is computed on those responses at the same
+budget, with each blind source's fraction of it; drafts that read the draws are bounded only by
+every node of a path accepted: min(budget, depth + 1) tokens per pass (`bound`).
 
 Tokens per verify pass is also the break-even cost: the plain decode steps a tree step of that
 budget may cost and still pay. On a GPU a verify pass of 8-16 nodes per row costs about one
@@ -23,7 +26,8 @@ the same drafts measured as real trees (their relative difference in brackets).
 
     python -m specroll.benchmarks.acceptance [--quick] [--policy smollm2-135m-instruct | HF_DIR | RUN_CHECKPOINT]
         [--heads shipped | FILE] [--budgets 4 8 16] [--would-be heads | none] [--json runs/bench_acceptance.json]
-        [--sources heads combined] [--samplings T=1] [--set max_frontier=8 ...]
+        [--sources heads combined] [--samplings T=1] [--drafts blind reading] [--sampler gumbel]
+        [--set max_frontier=8 ...]
 
 `--set` changes any `SpeculationConfig` field for every source (the tree selection, calibration,
 lookup lengths, ...), so a drafting change is measured against the same responses as the default.
@@ -31,6 +35,7 @@ lookup lengths, ...), so a drafting change is measured against the same response
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -43,6 +48,7 @@ from specroll.speculation import HorizonHeads, SpeculationConfig, SpeculativeDec
 
 from ..configs.typed import build_dataclass
 from ..rollout import RolloutOutput, RolloutEngine, SamplingParams
+from ..rollout.sampling import SAMPLERS
 from .adaptation import load_heads, random_prompts, tiny_heads
 from .drift import load_snapshot, peaked_tiny_model
 from .engine_vs_hf import DEFAULT_GSM8K, load_prompts
@@ -58,6 +64,9 @@ SOURCES: dict[str, str | None] = {
     "history": "history_lookup",
 }
 COMBINED = "combined"
+
+# Drafts: name -> `SpeculationConfig.read_draws`.
+DRAFTS = {"blind": False, "reading": True}
 
 # Sampling settings: name -> (temperature, top_p).
 SAMPLINGS = {"T=1": (1.0, 1.0), "T=0.7 top-p 0.9": (0.7, 0.9)}
@@ -114,7 +123,7 @@ def decode_epochs(engine: RolloutEngine, prompts, sampling: tuple[float, float],
     runs = []
     for epoch in range(args.epochs):
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=args.max_new_tokens,
-                                n=args.group, seed=args.seed + epoch)
+                                n=args.group, seed=args.seed + epoch, sampler=args.sampler)
         out = engine.generate(prompts, params)
         engine.decoder.remember_responses(prompts, out.token_ids, args.group)
         bar.update()
@@ -144,13 +153,13 @@ def would_be_row(model, tokenizer, heads: HorizonHeads, prompts, cfg: Speculatio
 
 def measure_setting(model, tokenizer, heads: HorizonHeads, prompts, base: SpeculationConfig, sampling: tuple[float, float],
                     budget: int, args, bar: tqdm) -> list[dict]:
-    """Every source at one sampling setting and budget, over the epochs: one row per source (the
-    `--would-be` source's with its would-be yield)."""
+    """Every source at one sampling setting and budget, over the epochs: one row per source and
+    drafts (`--drafts`; the `--would-be` source's first with its would-be yield)."""
     settings = {name: overrides for name, overrides in source_settings(SOURCES).items() if name in args.sources}
     oracle, reference = Tally(), {}  # reference: epoch -> the first source's responses
     rows = []
-    for name, overrides in settings.items():
-        cfg = replace(base, fixed_nodes=budget, max_nodes=budget, **overrides)
+    for (name, overrides), drafts in itertools.product(settings.items(), args.drafts):
+        cfg = replace(base, fixed_nodes=budget, max_nodes=budget, read_draws=DRAFTS[drafts], **overrides)
         engine = RolloutEngine(model, tokenizer, SpeculativeDecoder(model, cfg, heads=heads))
         tally, same, responses, depth, lookup_share = Tally(), 0, [], [], []
         for epoch, (params, out) in enumerate(decode_epochs(engine, prompts, sampling, args, bar)):
@@ -163,15 +172,19 @@ def measure_setting(model, tokenizer, heads: HorizonHeads, prompts, base: Specul
                 oracle.add(*oracle_passes(probabilities, [budget], engine.decoder.depth))
             same += sum(a == b for a, b in zip(out.token_ids, reference[epoch]))
             responses.append(out.token_ids)
-        row = {"source": name, "overrides": overrides, "tokens_per_pass": tally.per_pass,
+        row = {"source": name, "drafts": drafts, "overrides": overrides, "tokens_per_pass": tally.per_pass,
                "tokens_per_pass_by_epoch": tally.per_pass_by_epoch, "verify_passes": sum(tally.passes),
                "same_responses": same / sum(map(len, responses)),
                "acceptance_by_depth": [sum(d) / len(d) for d in zip(*depth)],
-               "lookup_token_share": sum(lookup_share) / len(lookup_share)}
-        if name == args.would_be:
+               "lookup_token_share": sum(lookup_share) / len(lookup_share),
+               "bound_tokens_per_pass": min(budget, engine.decoder.depth + 1)}
+        if name == args.would_be and drafts == args.drafts[0]:
             row |= would_be_row(model, tokenizer, heads, prompts, cfg, sampling, args, bar, tally.per_pass, responses)
         rows.append(row)
+    blind = {r["source"]: r["tokens_per_pass"] for r in rows if r["drafts"] == "blind"}
     for row in rows:
+        if row["drafts"] == "reading" and row["source"] in blind:
+            row["reading_vs_blind"] = row["tokens_per_pass"] / blind[row["source"]] - 1
         row |= {"oracle_tokens_per_pass": oracle.per_pass, "oracle_tokens_per_pass_by_epoch": oracle.per_pass_by_epoch,
                 "fraction_of_oracle": row["tokens_per_pass"] / oracle.per_pass if sum(oracle.passes) else float("nan"),
                 # A tree step of this budget pays while it costs fewer plain steps than it emits tokens.
@@ -187,23 +200,35 @@ def would_be_note(row: dict) -> str:
             f"{row['would_be_passes']} trees, same responses {row['would_be_same_responses']:.0%})")
 
 
+def yield_cell(row: dict) -> str:
+    """A row's tokens per pass: blind drafts with their fraction of the oracle, reading ones with
+    their change from the same source's blind drafts (where measured)."""
+    if row["drafts"] == "blind":
+        return f"{row['tokens_per_pass']:.2f} ({row['fraction_of_oracle']:.0%})"
+    change = f" ({row['reading_vs_blind']:+.1%})" if "reading_vs_blind" in row else ""
+    return f"{row['tokens_per_pass']:.2f}{change}"
+
+
 def markdown_table(rows: list[dict]) -> str:
-    """One line per sampling setting and budget: the oracle, then each source's tokens per pass
-    (= break-even plain steps per tree step) with its fraction of the oracle, then the would-be
-    yield of the `--would-be` source with its difference from that source's trees."""
-    sources = list(dict.fromkeys(r["source"] for r in rows))
-    would_be = next((r["source"] for r in rows if "would_be_tokens_per_pass" in r), None)
-    columns = sources + ([f"would-be ({would_be})"] if would_be else [])
-    lines = ["| sampling | nodes | oracle | " + " | ".join(columns) + " |", "|---|---:|---:|" + "---:|" * len(columns)]
+    """One line per sampling setting and budget: the oracle (blind drafts' bound) and the bound of
+    drafts that read the draws, then each source's tokens per pass (= break-even plain steps per
+    tree step) for each kind of drafts, then the would-be yield of the `--would-be` source with its
+    difference from that source's trees."""
+    columns = list(dict.fromkeys((r["source"], r["drafts"]) for r in rows))
+    would_be = next((r for r in rows if "would_be_tokens_per_pass" in r), None)
+    would_be = would_be and (would_be["source"], would_be["drafts"])
+    names = [f"{s} {d}" for s, d in columns] + ([f"would-be ({would_be[0]} {would_be[1]})"] if would_be else [])
+    lines = ["| sampling | nodes | oracle | bound | " + " | ".join(names) + " |",
+             "|---|---:|---:|---:|" + "---:|" * len(names)]
     for key in dict.fromkeys((r["sampling"], r["budget"]) for r in rows):
-        group = {r["source"]: r for r in rows if (r["sampling"], r["budget"]) == key}
-        cells = [f"{group[s]['tokens_per_pass']:.2f} ({group[s]['fraction_of_oracle']:.0%})" if s in group else "-"
-                 for s in sources]
+        group = {(r["source"], r["drafts"]): r for r in rows if (r["sampling"], r["budget"]) == key}
+        cells = [yield_cell(group[c]) if c in group else "-" for c in columns]
         if would_be:
             row = group.get(would_be, {})
             cells.append(f"{row['would_be_tokens_per_pass']:.2f} ({row['would_be_vs_trees']:+.1%})" if row else "-")
-        oracle = next(iter(group.values()))["oracle_tokens_per_pass"]
-        lines.append(f"| {key[0]} | {key[1]} | {oracle:.2f} | " + " | ".join(cells) + " |")
+        first = next(iter(group.values()))
+        lines.append(f"| {key[0]} | {key[1]} | {first['oracle_tokens_per_pass']:.2f} | {first['bound_tokens_per_pass']} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -246,6 +271,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="the sources to measure (default: each alone and combined)")
     ap.add_argument("--samplings", nargs="+", default=list(SAMPLINGS), choices=list(SAMPLINGS),
                     help="the sampling settings to measure (default: both)")
+    ap.add_argument("--drafts", nargs="+", default=list(DRAFTS), choices=list(DRAFTS),
+                    help="blind drafts, drafts that read the coming draws, or both (default); reading needs --sampler gumbel")
+    ap.add_argument("--sampler", default="gumbel", choices=SAMPLERS,
+                    help="how a draw becomes a token (rollout.sampler): drafts read the draws under gumbel alone")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="SpeculationConfig fields changed for every source, e.g. max_frontier=8 max_children=16")
     ap.add_argument("--seed", type=int, default=0)
@@ -258,6 +287,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("prompts", "group", "max_new_tokens", "epochs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if "reading" in args.drafts and args.sampler != "gumbel":
+        ap.error("--drafts reading reads the Gumbel sampler's noise: it needs --sampler gumbel")
     if min(args.budgets) < 2:
         ap.error("--budgets must be >= 2 (a 1-node budget is plain decoding)")
     try:
@@ -299,7 +330,7 @@ def main(argv=None) -> dict:
           f"budgets {args.budgets}; sources {args.sources}" + (f"; set {args.overrides}" if args.overrides else ""),
           flush=True)
     rows, started = [], time.perf_counter()
-    runs = len(args.sources) + (args.would_be in args.sources)  # every source's trees, the would-be one's plain
+    runs = len(args.sources) * len(args.drafts) + (args.would_be in args.sources)  # every source's trees, the would-be one's plain
     calls = len(args.samplings) * len(args.budgets) * runs * args.epochs
     bar = tqdm(total=calls, desc="generate calls", unit="call")
     for sampling in args.samplings:
@@ -307,22 +338,26 @@ def main(argv=None) -> dict:
         for budget in args.budgets:
             for row in measure_setting(model, tokenizer, heads, prompts, base, values, budget, args, bar):
                 rows.append({"sampling": sampling, "temperature": values[0], "top_p": values[1], "budget": budget} | row)
-                bar.write(f"{sampling}, {budget} nodes, {row['source']}: {row['tokens_per_pass']:.2f} tokens per pass, "
-                          f"oracle {row['oracle_tokens_per_pass']:.2f} ({row['fraction_of_oracle']:.0%}), "
+                bar.write(f"{sampling}, {budget} nodes, {row['source']} {row['drafts']}: {row['tokens_per_pass']:.2f} "
+                          f"tokens per pass, oracle {row['oracle_tokens_per_pass']:.2f} ({row['fraction_of_oracle']:.0%}), "
+                          f"bound {row['bound_tokens_per_pass']}, "
                           f"same responses {row['same_responses']:.0%}" + would_be_note(row))
     bar.close()
     elapsed = time.perf_counter() - started
     table = markdown_table(rows)
     print("\ntokens per verify pass = the break-even cost: plain steps a tree step of that budget may cost and "
-          "still pay (fraction of the oracle bound in brackets); would-be: what the same drafts would have carried "
-          "while decoding plain (difference from their trees in brackets)\n" + table + f"\n({elapsed:.0f} s)")
+          "still pay (blind drafts: fraction of the oracle bound in brackets; reading drafts: change from blind; "
+          "bound: every node of a path accepted); would-be: what the same drafts would have carried while decoding "
+          "plain (difference from their trees in brackets)\n" + table + f"\n({elapsed:.0f} s)")
 
     from ..telemetry.plots import plot_yield_by_budget
 
-    curves = {s: {name: [(r["budget"], r["tokens_per_pass"]) for r in rows if (r["sampling"], r["source"]) == (s, name)]
-                  for name in dict.fromkeys(r["source"] for r in rows)} for s in args.samplings}
+    curves = {s: {f"{name} {drafts}": [(r["budget"], r["tokens_per_pass"]) for r in rows
+                                      if (r["sampling"], r["source"], r["drafts"]) == (s, name, drafts)]
+                  for name, drafts in dict.fromkeys((r["source"], r["drafts"]) for r in rows)} for s in args.samplings}
     oracle = {s: [(r["budget"], r["oracle_tokens_per_pass"]) for r in rows
-                  if r["sampling"] == s and r["source"] == rows[0]["source"]] for s in args.samplings}
+                  if (r["sampling"], r["source"], r["drafts"]) == (s, rows[0]["source"], rows[0]["drafts"])]
+              for s in args.samplings}
     plot_yield_by_budget(curves, oracle, args.plot,
                          title=f"{policy}: groups of {args.group}, {args.max_new_tokens} new tokens, {source}")
     print(f"wrote {args.plot}")

@@ -5,7 +5,8 @@ For each model shape, dtype and batch size: plain decoding eager and with the co
 weight-read floor (parameter bytes / copy bandwidth) and the matmul floor (the step's FLOPs /
 the best matmul throughput). Shapes: SmolLM2-135M (its weights when installed, else random
 weights of its shape) at batch 1 and 32, Qwen2.5-1.5B's shape with random weights in bf16 at
-batch 64. Then `spec_vs_plain` quick, eager and compiled, where SmolLM2's weights exist.
+batch 64. Then, where SmolLM2's weights exist, plain decoding's tokens/s with each sampler side by
+side (`sampler_cost`, eager and compiled) and `spec_vs_plain` quick, eager and compiled.
 Each case also names the attention kernel its decode steps run on and any reason inductor
 gave for skipping CUDA graphs; `--profile` adds the costliest device ops of a step and how
 many ops a step launches; `--autotune-matmuls` adds a compiled run whose matmuls inductor picks
@@ -102,7 +103,7 @@ RUN_KINDS = {
 
 
 class TimeBudget:
-    """Whether a run of a kind (one of RUN_KINDS, or "spec_vs_plain") would still end inside
+    """Whether a run of a kind (one of RUN_KINDS, "sampler_cost" or "spec_vs_plain") would still end inside
     `seconds` from now, judged by the longest run of that kind so far; compiling kinds count at
     least `FIRST_COMPILED_S`, as compiling takes minutes on a fresh GPU machine. None: no limit."""
 
@@ -112,7 +113,7 @@ class TimeBudget:
         self.seconds = seconds
         self.started = time.perf_counter()
         self.longest = {kind: 0.0 if options is None else self.FIRST_COMPILED_S for kind, options in RUN_KINDS.items()}
-        self.longest["spec_vs_plain"] = self.FIRST_COMPILED_S
+        self.longest["sampler_cost"] = self.longest["spec_vs_plain"] = self.FIRST_COMPILED_S
 
     def exhausted(self, kind: str) -> bool:
         if self.seconds is None:
@@ -339,6 +340,23 @@ def measure_floors(device: torch.device, dtypes: set[str], dry_run: bool) -> dic
             "matmul_gflops_by_dtype": {d: matmul_gflops(device, getattr(torch, d), size=size) for d in dtypes}}
 
 
+def sampler_cost_quick(policy: str, device: torch.device, dry_run: bool) -> dict:
+    """Plain decoding's tokens/s with each sampler side by side, eager and compiled, where SmolLM2's
+    weights load (a tiny random policy, eager, for a dry run)."""
+    from . import sampler_cost
+
+    if dry_run:
+        return {"eager": sampler_cost.main(["--tiny", "--concurrency", "1", "4", "--max-new-tokens", "8",
+                                            "--repeats", "2", "--device", str(device)])}
+    try:
+        load_causal_lm(policy, dtype="float32", device="cpu")
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        return {"skipped": f"SmolLM2 weights unavailable: {exc}"}
+    common = ["--policy", policy, "--concurrency", "1", "32", "--max-new-tokens", "128", "--repeats", "3",
+              "--dtype", "bfloat16" if device.type == "cuda" else "float32", "--device", str(device)]
+    return {"eager": sampler_cost.main(common), "compiled": sampler_cost.main([*common, "--compile"])}
+
+
 def spec_vs_plain_quick(policy: str, device: torch.device, dry_run: bool) -> dict:
     """Speculative vs plain decoding, eager and compiled, where SmolLM2's weights load."""
     from . import spec_vs_plain
@@ -364,6 +382,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-compile", action="store_true", help="eager only")
     parser.add_argument("--no-eager", action="store_true", help="compiled only")
     parser.add_argument("--no-spec", action="store_true", help="skip spec_vs_plain")
+    parser.add_argument("--no-sampler-cost", action="store_true", help="skip the samplers' plain decoding tokens/s")
     parser.add_argument("--profile", action="store_true", help="also record each case's costliest ops per step")
     parser.add_argument("--attention-variants", action="store_true",
                         help="also time each case's decode attention against alternative kernels")
@@ -478,6 +497,17 @@ def main(argv=None) -> dict:
             for reason in timing.cudagraph_skips:
                 print(f"  {reason}")
             write()
+    if not args.no_sampler_cost and budget.exhausted("sampler_cost"):
+        result["skipped"].append({"case": "sampler_cost", "why": "time budget"})
+    elif not args.no_sampler_cost:
+        started = time.perf_counter()
+        try:
+            torch._dynamo.reset()  # its engines compile their own graphs, none with the options above
+            result["sampler_cost"] = sampler_cost_quick(args.policy, device, args.dry_run)
+        except Exception:
+            result["errors"].append({"case": "sampler_cost", "error": traceback.format_exc()})
+        budget.spent("sampler_cost", time.perf_counter() - started)
+        write()
     if not args.no_spec and budget.exhausted("spec_vs_plain"):
         result["skipped"].append({"case": "spec_vs_plain", "why": "time budget"})
     elif not args.no_spec:

@@ -53,7 +53,7 @@ RULES: dict[str, str] = {
     **kind(SAFE, "rollout.speculation", "max_depth"),  # how deep trees draft: speed, never what is sampled
     **kind(SAFE, "rollout.speculation", "heads_path budget fixed_nodes would_be_every min_nodes max_nodes min_gain "
                                         "capacity sync_free_trees max_children max_frontier calibration_momentum "
-                                        "context_lookup lookup_ngram head_drafts sibling_lookup history_lookup "
+                                        "context_lookup lookup_ngram head_drafts read_draws sibling_lookup history_lookup "
                                         "history_tokens_per_prompt history_tokens profile_cache_len adaptation "
                                         "records_per_rollout record_nodes"),
     **kind(SAFE, "rollout.speculation.reflex", "mode scale half_life_tokens eta norm_momentum feedback_clip reset_rms "

@@ -13,7 +13,7 @@ from specroll.config_checks import (check_bool, check_choice, check_int, check_n
                                     check_text, require)
 from specroll.data import INSTRUCTION, NUMERIC_FORMATS, PROBLEM_SOURCES, RecordFormat, RewardConfig, SyntheticConfig
 from specroll.fastgrpo import FastGRPOConfig
-from specroll.rollout import SamplingParams
+from specroll.rollout import SAMPLERS, SamplingParams
 from specroll.speculation import SpeculationConfig
 
 ROLLOUT_MODES = ("vanilla", "speculation", "fastgrpo")
@@ -149,6 +149,8 @@ class RolloutConfig:
     temperature: float = 1.0  # > 0; the learner scores responses at this temperature too
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
+    # How a draw becomes a token: inverse_cdf, or gumbel (a seed then gives other responses), whose noise drafts can read
+    sampler: str = "inverse_cdf"
     max_new_tokens: int = 256  # response length cap in tokens
     n: int = 8  # responses per prompt: the GRPO group size, >= 2
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)  # used when mode is speculation
@@ -163,6 +165,7 @@ class RolloutConfig:
                      why="a greedy group's responses are all alike, so GRPO learns nothing")
         check_number("top_p", self.top_p, 0, 1, low_open=True)
         check_int("top_k", self.top_k, 0)
+        check_choice("sampler", self.sampler, SAMPLERS)
         check_int("max_new_tokens", self.max_new_tokens, 1)
         check_int("n", self.n, 2, why="GRPO advantages compare the responses to one prompt")
         check_bool("compile", self.compile)
@@ -170,7 +173,7 @@ class RolloutConfig:
 
     def sampling_params(self, seed: int) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_new_tokens=self.max_new_tokens, n=self.n, seed=seed)
+                              max_new_tokens=self.max_new_tokens, n=self.n, seed=seed, sampler=self.sampler)
 
     @property
     def speculates(self) -> bool:

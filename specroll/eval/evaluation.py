@@ -33,12 +33,14 @@ class EvalPlan(NamedTuple):
 
 
 def eval_plan(rollout: RolloutConfig, held_out: EvalConfig) -> EvalPlan:
-    """Greedy up to `rollout.max_new_tokens`; `held_out.samples` samples at the rollout's temperature, top-p, top-k."""
+    """Greedy up to `rollout.max_new_tokens`; `held_out.samples` samples at the rollout's temperature, top-p,
+    top-k, with its sampler."""
     greedy = SamplingParams(temperature=0.0, max_new_tokens=rollout.max_new_tokens, n=1, seed=held_out.seed)
     if not held_out.samples:
         return EvalPlan(greedy, None, ())
     sampled = SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                             max_new_tokens=rollout.max_new_tokens, n=held_out.samples, seed=held_out.seed)
+                             max_new_tokens=rollout.max_new_tokens, n=held_out.samples, seed=held_out.seed,
+                             sampler=rollout.sampler)
     return EvalPlan(greedy, sampled, tuple(sorted(set(held_out.k))))
 
 

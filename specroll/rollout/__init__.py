@@ -3,7 +3,8 @@ from .decode_state import DecodeState, StepResult
 from .decoder import Decoder
 from .engine import RolloutEngine, RolloutOutput
 from .plain_decoder import PlainDecoder
-from .sampling import RowRandom, SamplingParams, row_uniforms, sample_tokens, sampling_logprobs, splitmix64
+from .samplers import sample_tokens
+from .sampling import SAMPLERS, RowRandom, SamplingParams, row_uniforms, sampling_logprobs, splitmix64
 from .stats import CompileStats, DecoderStats, GenerationStats, ReflexStats, TreeStats
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "RolloutEngine",
     "RolloutOutput",
     "RowRandom",
+    "SAMPLERS",
     "SamplingParams",
     "StepResult",
     "TreeStats",

@@ -18,7 +18,8 @@ from .decode_state import DecodeState, StepResult, cache_shape
 from .decoder import Decoder
 from .plain_decoder import PlainDecoder
 from .responses import ResponseBuffer
-from .sampling import RowRandom, SamplingParams, sample_tokens, sampling_logprobs
+from .samplers import sample_tokens
+from .sampling import RowRandom, SamplingParams, sampling_logprobs
 from .stats import GenerationStats, without_idle_steps
 from .token_history import TokenHistory
 
@@ -47,7 +48,7 @@ def sample_next(logits: torch.Tensor, rng: RowRandom, params: SamplingParams):
     """Sample one token per row from [B, V] logits with each row's own random stream."""
     logprobs = sampling_logprobs(logits, params)
     uniforms = None if params.greedy else rng.draw(1)[:, 0]
-    return sample_tokens(logprobs, uniforms, params.greedy)
+    return sample_tokens(logprobs, uniforms, params)
 
 
 def batch_bucket(live: int, current: int) -> int:

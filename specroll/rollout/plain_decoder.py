@@ -7,7 +7,8 @@ from ..models import KVCache
 from .compiled_step import StepFunction, specialise
 from .decode_state import DecodeState, StepResult
 from .decoder import DecoderCheckpoint, NoHorizonHeads, prepare_for_decoding
-from .sampling import SamplingParams, row_uniforms, sample_tokens, sampling_logprobs
+from .samplers import sample_tokens
+from .sampling import SamplingParams, row_uniforms, sampling_logprobs
 from .stats import DecoderStats
 
 
@@ -21,7 +22,7 @@ def decode_one_token(form: str, model, tokens: torch.Tensor, cache: KVCache, spa
     out = model(tokens[:, None], cache=cache, logits_at=logits_at, span=span)
     logprobs = sampling_logprobs(out.logits[:, -1], params)
     uniforms = None if params.greedy else row_uniforms(keys, counters, 1)[:, 0]
-    return *sample_tokens(logprobs, uniforms, params.greedy), out.hidden[:, -1]
+    return *sample_tokens(logprobs, uniforms, params), out.hidden[:, -1]
 
 
 def compiled_min_rows(compiled_on_cuda: bool) -> int:

@@ -1,11 +1,11 @@
-"""The one sampling function of SpecRoll: vanilla decoding and tree verification both use it.
+"""What SpecRoll samples from and with: vanilla decoding and tree verification both use it.
 
 Logits are turned into the log-probabilities of the distribution actually sampled from
-(temperature, then top-k, then top-p, in float32), and a token is drawn by inverse-CDF
-sampling with a uniform from a counter-based per-row stream, so a row's samples depend only
-on the seed and the row's identity, never on which other rows share the batch. A row's i-th
-generated token takes draw i of its stream, in plain and speculative decoding alike
-(speculation/verification/verify.py), so both give the same response for the same seed.
+(temperature, then top-k, then top-p, in float32), and a token is drawn (`samplers.sample_tokens`)
+with a uniform from a counter-based per-row stream, so a row's samples depend only on the seed and
+the row's identity, never on which other rows share the batch. A row's i-th generated token takes
+draw i of its stream, in plain and speculative decoding alike (speculation/verification/verify.py),
+so both give the same response for the same seed.
 """
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ import hashlib
 from dataclasses import dataclass, field
 
 import torch
+
+
+SAMPLERS = ("inverse_cdf", "gumbel")  # see rollout/samplers.py
 
 
 @dataclass
@@ -26,6 +29,8 @@ class SamplingParams:
     n: int = 1  # responses per prompt (the GRPO group size)
     seed: int = 0  # same seed, same samples
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # extra stop ids besides EOS
+    # How a draw becomes a token (rollout/samplers.py): inverse_cdf, or gumbel, whose noise drafts can read
+    sampler: str = "inverse_cdf"
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -38,6 +43,8 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
 
     @property
     def greedy(self) -> bool:
@@ -165,50 +172,3 @@ class RowRandom:
 
     def keep(self, rows: torch.Tensor) -> None:
         self.keys, self.counters = self.keys[rows], self.counters[rows]
-
-
-def sample_tokens(logprobs: torch.Tensor, uniforms: torch.Tensor | None, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token from each distribution in `logprobs` [..., V]; returns (tokens, their log-probs).
-
-    Inverse-CDF sampling with one uniform per distribution (`uniforms` [...]): exact, and it
-    needs one random number per tree node instead of V. Greedy takes the argmax.
-    """
-    if greedy:
-        tokens = logprobs.argmax(dim=-1)
-    else:
-        flat = logprobs.reshape(-1, logprobs.shape[-1])
-        tokens = inverse_cdf(flat.exp(), uniforms.reshape(-1).double()).view(logprobs.shape[:-1])
-    return tokens, torch.gather(logprobs, -1, tokens[..., None]).squeeze(-1)
-
-
-# Inverse-CDF sampling scans the vocabulary in blocks: float32 block masses of 256 tokens (as
-# accurate as the float32 probabilities) accumulated in float64 find the block holding the target
-# mass, and only that block is scanned token by token in float64. Verification samples at every
-# tree node, where a float64 cumulative sum over the vocabulary is slow and a float32 one drifts.
-CDF_BLOCK = 256
-
-
-def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Per row of `probs` [N, V] (unnormalised, >= 0, some mass), the first index whose
-    cumulative mass exceeds `uniforms` [N] (float64, in [0, 1)) x the row's total mass."""
-    rows, vocab = probs.shape
-    size = min(CDF_BLOCK, vocab)  # a small vocabulary is one block, not one padded to 256
-    pad = -vocab % size
-    blocks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(rows, -1, size)
-    block_mass = blocks.sum(dim=-1)  # [N, blocks]
-    block_cdf = block_mass.double().cumsum(dim=-1)
-    target = uniforms * block_cdf[:, -1]
-    block = first_above(block_cdf, target, block_mass)
-    within = torch.gather(blocks, 1, block[:, None, None].expand(-1, 1, size)).squeeze(1)
-    before = torch.gather(block_cdf, 1, (block - 1).clamp(min=0)[:, None]).squeeze(1) * (block > 0)
-    return block * size + first_above(before[:, None] + within.double().cumsum(dim=-1), target, within)
-
-
-def first_above(cdf: torch.Tensor, target: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
-    """First index of each row of `cdf` [N, K] (the cumulative sum of `mass`) above `target`
-    [N]. Where rounding leaves none (the target within an ulp of the total), the last index
-    with mass: a token of zero probability is never returned."""
-    index = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)
-    positions = torch.arange(1, cdf.shape[1] + 1, device=cdf.device)
-    last_with_mass = ((mass > 0) * positions).argmax(dim=-1)
-    return torch.where(index < cdf.shape[1], index, last_with_mass)

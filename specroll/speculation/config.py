@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specroll.config_checks import check_choice, check_int, check_number, check_probability, require
+from specroll.config_checks import check_bool, check_choice, check_int, check_number, check_probability, require
 
 from .adaptation.consolidation import ConsolidationConfig
 from .adaptation.drift_detector import DriftConfig
@@ -57,6 +57,10 @@ class SpeculationConfig:
     lookup_ngram: int = 3  # longest suffix matched by context lookup (and by sibling and history lookup)
     # Draft the horizon heads' paths; False: only the lookups' chains (the root still verifies).
     head_drafts: bool = True
+    # Under the coupled Gumbel sampler (rollout.sampler: gumbel), every source drafts the token its
+    # node's coming draw will pick, not the likeliest (speculation/drafting/reading.py); False: blind
+    # drafts, as under inverse-CDF sampling, where the noise means nothing. Never changes a response.
+    read_draws: bool = True
     # Also draft what followed a row's last tokens in the text its group siblings generated so far,
     # and in earlier responses to its prompt (speculation/drafting/suffix_drafts.py). Both read the
     # rows' tokens on the host every tree step, so trees with either on are never sync-free.
@@ -92,6 +96,7 @@ class SpeculationConfig:
         check_int("lookup_ngram", self.lookup_ngram, 1)
         require(self.head_drafts or self.context_lookup or self.sibling_lookup or self.history_lookup, "head_drafts",
                 self.head_drafts, "true when every lookup is off", why="nothing would be drafted")
+        check_bool("read_draws", self.read_draws)
         check_int("history_tokens_per_prompt", self.history_tokens_per_prompt, 1)
         check_int("history_tokens", self.history_tokens, self.history_tokens_per_prompt,
                   why="history_tokens_per_prompt is what one prompt keeps")

@@ -19,6 +19,7 @@ from specroll.rollout.compiled_step import StepFunction
 from specroll.rollout.decode_state import DecodeState, StepResult
 from specroll.rollout.decoder import DecoderCheckpoint, prepare_for_decoding
 from specroll.rollout.plain_decoder import PlainDecoder
+from specroll.rollout.sampling import SamplingParams
 from specroll.rollout.stats import CompileStats, DecoderStats
 
 from .adaptation.head_records import HeadRecords, RecordCollector
@@ -31,6 +32,7 @@ from .config import SpeculationConfig
 from .drafting.heads import HorizonHeads, shipped_heads
 from .drafting.heads_state import HeadsState
 from .drafting.lookup import LookupAcceptance
+from .drafting.reading import node_draws, reading_prior
 from .drafting.suffix_drafts import SuffixDrafts
 from .step import (
     Drafts,
@@ -156,6 +158,8 @@ class SpeculativeDecoder:
         # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
         self.observed = torch.ones(depth, device=device)
         self.predicted = torch.ones(depth, device=device)
+        # Drafts that read the coming draws: how often a child of each rank and margin was the draw.
+        self.reading_rate = reading_prior(depth, cfg.max_children, device)
         if self.cost_model is not None:
             self.cost_model.restart(depth)
         if self.gate is not None:
@@ -229,9 +233,9 @@ class SpeculativeDecoder:
         step but for the tree gate's counts every `tree_gate.READ_EVERY` steps)."""
         return self.sync_free is not None or self.planned_step_drafts(state.live_rows) == 0
 
-    def settings(self, drafts: int) -> StepSettings:
-        """What a step drafting `drafts` candidates per depth reads besides tensors."""
-        return step_settings(self.cfg, drafts, self.depth, self.lookup_acceptance.momentum)
+    def settings(self, drafts: int, params: SamplingParams) -> StepSettings:
+        """What a step drafting `drafts` candidates per depth, sampling by `params`, reads besides tensors."""
+        return step_settings(self.cfg, drafts, self.depth, self.lookup_acceptance.momentum, params)
 
     def lookup_rate(self) -> torch.Tensor | None:
         """The context lookup chain's acceptance estimates (None: no context lookup)."""
@@ -284,10 +288,12 @@ class SpeculativeDecoder:
         sketch = self.cfg.reflex.sketch_size if self.reflex is not None or self.records is not None else 0
         # Reflex corrects the heads' states: asked only where the heads draft.
         adjust = self.reflex.correction(state) if self.reflex is not None and self.cfg.head_drafts else None
+        settings = self.settings(max_drafts, state.params)
+        draws = node_draws(state.rng.keys, state.rng.counters, self.depth) if settings.reading is not None else None
         cands, lookup = candidates(self.heads, self.model, state.last_tokens, state.last_hidden,
                                    (self.observed / self.predicted).log(), state.history.tokens, state.history.lengths,
-                                   self.lookup_rate(), self.settings(max_drafts), adjust, sketch, self.cfg.head_drafts,
-                                   () if suffix is None else self.suffix.scored(suffix))
+                                   self.lookup_rate(), settings, adjust, sketch, self.cfg.head_drafts,
+                                   () if suffix is None else self.suffix.scored(suffix), draws, self.reading_rate)
         return Drafts(cands, lookup, suffix)
 
     def remember_responses(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> None:
@@ -325,8 +331,8 @@ class SpeculativeDecoder:
         budget, cands, tree = drafted.budget, drafted.candidates, drafted.tree
         emitted = verdict.counts * state.live  # finished rows waiting in the batch emit nothing
         if judged is not None:
-            self.keep_learned(learn(verdict, state.live, self.observed, self.predicted, self.lookup_rate(),
-                                    drafted.lookup, self.settings(budget - 1)))
+            self.keep_learned(learn(verdict, tree, state.live, self.observed, self.predicted, self.lookup_rate(),
+                                    drafted.lookup, self.reading_rate, self.settings(budget - 1, state.params)))
         elif drafted.lookup is not None:  # drafted, then decoded plain: the emitted token still says how the chain did
             self.lookup_acceptance.update(drafted.lookup, verdict.tokens, emitted)
         if drafted.suffix is not None:
@@ -347,6 +353,7 @@ class SpeculativeDecoder:
         """Keep what a tree pass taught (`step.learn`) as the decoder's running estimates and counts."""
         with torch.inference_mode(False):  # the decoder's own estimates outlive the generate call
             self.observed, self.predicted = learned.observed.clone(), learned.predicted.clone()
+            self.reading_rate = learned.reading_rate.clone()
             if learned.lookup_rate is not None:
                 self.lookup_acceptance.rate = learned.lookup_rate.clone()
         self.pass_counts.totals += learned.pass_increments
@@ -355,7 +362,7 @@ class SpeculativeDecoder:
         """A sync-free tree step of `budget` nodes (the tree gate reads its counts every READ_EVERY
         steps), then what it taught: the calibration, the lookup chain's acceptance, the counts."""
         ran = self.sync_free(self.model, self.heads, self.verify, state, budget, self.observed, self.predicted,
-                             self.lookup_rate(), self.settings(self.sync_free.drafts))
+                             self.lookup_rate(), self.reading_rate, self.settings(self.sync_free.drafts, state.params))
         judged = ran.judged
         self.keep_learned(judged.learned)
         if self.gate is not None:

@@ -7,10 +7,10 @@ calibrates the drafters. gpt-fast's `speculative_decode` tells this in one funct
 four, which both of a decoder's tree steps call in this order:
 
 1. draft (`candidates`, then `select_tree`): the heads' candidates and the context lookup chain,
-   and the tree of the best of them;
+   blind or reading the coming draws (`drafting.reading`), and the tree of the best of them;
 2. verify (`tree_inputs`, `verify`): the tree padded to a node bucket, one forward of it;
 3. judge (`judge`): every node sampled, the acceptance rule, the accepted path kept in the cache;
-4. learn (`learn`): the heads' per-depth calibration, the lookup chain's acceptance, the counts.
+4. learn (`learn`): the heads' calibration, the lookup chain's acceptance, the counts.
 
 The step that reads on the host (`SpeculativeDecoder.step`) sizes a tree from its drafts (the
 cost model) and also learns on the host from each verdict (Reflex, the slow path's records,
@@ -38,6 +38,7 @@ from specroll.rollout.stats import CompileStats
 
 from .config import SpeculationConfig
 from .drafting.lookup import LookupDrafts, add_lookup_candidates, chain_step_logp, learned_rates, lookup_drafts
+from .drafting.reading import node_draws, read_chain, reading_rates
 from .drafting.suffix_drafts import SuffixChains
 from .drafting.tree import Candidates, DraftTree, draft_candidates, no_candidates, select_tree, tree_attention_mask
 from .verification.pass_counts import pass_increments
@@ -56,13 +57,21 @@ class StepSettings:
     calibration_momentum: float
     lookup_momentum: float
     max_tokens: int  # the largest emitted count `PassCounts` keeps apart
+    reading: SamplingParams | None  # the sampling whose coming draws drafts read (`drafting.reading`); None: blind
 
 
-def step_settings(cfg: SpeculationConfig, drafts: int, depth: int, lookup_momentum: float) -> StepSettings:
+def step_settings(cfg: SpeculationConfig, drafts: int, depth: int, lookup_momentum: float,
+                  params: SamplingParams) -> StepSettings:
     # PassCounts keeps emitted counts apart up to max_nodes.
     return StepSettings(drafts, depth, cfg.max_children, cfg.max_frontier,
                         cfg.lookup_ngram if cfg.context_lookup else 0, cfg.calibration_momentum, lookup_momentum,
-                        cfg.max_nodes)
+                        cfg.max_nodes, params if reads_draws(cfg, params) else None)
+
+
+def reads_draws(cfg: SpeculationConfig, params: SamplingParams) -> bool:
+    """Whether drafts read the coming draws: `speculation.read_draws` where the coupled Gumbel
+    sampler draws (the noise means nothing to inverse-CDF sampling, nor to greedy decoding)."""
+    return cfg.read_draws and not params.greedy and params.sampler == "gumbel"
 
 
 # 1. Draft
@@ -91,25 +100,28 @@ class DraftedTree(NamedTuple):
 def candidates(heads, model, roots: torch.Tensor, hidden: torch.Tensor, log_calibration: torch.Tensor,
                history_tokens: torch.Tensor, history_lengths: torch.Tensor, lookup_rate: torch.Tensor | None,
                settings: StepSettings, adjust=None, sketch_size: int = 0, head_drafts: bool = True,
-               chains=()) -> tuple[Candidates, LookupDrafts | None]:
+               chains=(), draws: torch.Tensor | None = None,
+               reading_rate: torch.Tensor | None = None) -> tuple[Candidates, LookupDrafts | None]:
     """Every row's candidates: `settings.drafts` per depth, `settings.depth` deep, from the heads
     at `hidden` [B, D] below `roots` [B] (probabilities calibrated per depth by `log_calibration`
     [depth]; none with `head_drafts` off), merged with the row's context lookup chain in its
     history (scored by the lookup acceptance rates `lookup_rate`), then with `chains` ((chain,
-    step log-probs) pairs: sibling and history lookup). `adjust`, `sketch_size`: see
-    `draft_candidates`."""
+    step log-probs) pairs: sibling and history lookup). With `draws` [B, depth] (`node_draws`)
+    every source reads them (`drafting.reading`), the heads' children scored by `reading_rate`.
+    `adjust`, `sketch_size`: see `draft_candidates`."""
     if head_drafts:
         cands = draft_candidates(heads, model, hidden, roots, settings.drafts, log_calibration, settings.max_children,
-                                 settings.max_frontier, adjust, sketch_size)
+                                 settings.max_frontier, adjust, sketch_size, draws,
+                                 None if draws is None else reading_rate.log(), settings.reading)
     else:
         cands = no_candidates(roots)
     lookup = None
     if settings.lookup_ngram:
         lookup = lookup_drafts(history_tokens, history_lengths, settings.lookup_ngram,
                                min(settings.depth, settings.drafts))
-        cands = add_lookup_candidates(cands, lookup, chain_step_logp(lookup_rate, lookup))
+        chains = ((lookup, chain_step_logp(lookup_rate, lookup)), *chains)
     for chain, step_logp in chains:
-        cands = add_lookup_candidates(cands, chain, step_logp)
+        cands = add_lookup_candidates(cands, chain, step_logp if draws is None else read_chain(step_logp, chain.tokens, draws))
     return cands, lookup
 
 
@@ -208,7 +220,7 @@ def judge(rule, tree: DraftTree, logits: torch.Tensor, hidden: torch.Tensor, cac
     logprobs = sampling_logprobs(logits, params)
     depths = torch.cat((torch.zeros_like(tree.depths[:, :1]), tree.depths), 1)
     uniforms = None if params.greedy else uniforms_at(keys, counters[:, None] + depths)
-    verdict = rule(logprobs, tree, uniforms, params.greedy, max_depth)
+    verdict = rule(logprobs, tree, uniforms, params, max_depth)
     cache.commit_gather(verdict.path[:, :width], verdict.counts * live)
     last = torch.gather(verdict.path, 1, (verdict.counts - 1)[:, None])
     last_hidden = torch.gather(hidden, 1, last[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
@@ -232,6 +244,7 @@ class Learned:
     observed: torch.Tensor  # [H] calibration EMAs
     predicted: torch.Tensor  # [H]
     lookup_rate: torch.Tensor | None  # [max_ngram, H] lookup acceptance estimates; None: no context lookup
+    reading_rate: torch.Tensor  # [H, cells] the reading calibration (`drafting.reading`)
     pass_increments: torch.Tensor  # what the pass adds to `PassCounts.totals`
 
 
@@ -250,18 +263,23 @@ def calibrated(observed: torch.Tensor, predicted: torch.Tensor, verdict, live: t
             torch.where(used, m * predicted + (1 - m) * mass.clamp(min=1e-3), predicted))
 
 
-def learn(verdict: Verdict, live: torch.Tensor, observed: torch.Tensor, predicted: torch.Tensor,
-          lookup_rate: torch.Tensor | None, lookup: LookupDrafts | None, settings: StepSettings) -> Learned:
-    """What a tree pass's `verdict` over the `live` rows teaches: the heads' calibration, the
-    context lookup chain's acceptance (where `lookup` was drafted), and the pass counts."""
+def learn(verdict: Verdict, tree: DraftTree, live: torch.Tensor, observed: torch.Tensor, predicted: torch.Tensor,
+          lookup_rate: torch.Tensor | None, lookup: LookupDrafts | None, reading_rate: torch.Tensor,
+          settings: StepSettings) -> Learned:
+    """What a tree pass's `verdict` on `tree` over the `live` rows teaches: the heads' calibration
+    (blind, and where the tree read the draws, by rank and margin), the context lookup chain's
+    acceptance (where `lookup` was drafted), and the pass counts."""
     observed, predicted = calibrated(observed, predicted, verdict, live, settings.calibration_momentum)
+    if tree.cells is not None:
+        reading_rate = reading_rates(reading_rate, settings.calibration_momentum, tree.cells, tree.depths, tree.parents,
+                                     tree.valid, verdict.path, verdict.counts, live)
     on_chain = None
     if lookup is not None:
         lookup_rate, on_chain = learned_rates(lookup_rate, settings.lookup_momentum, lookup, verdict.tokens,
                                               verdict.counts * live)
     increments = pass_increments(settings.max_tokens, settings.depth, verdict.counts, live,
                                  verdict.accepted_at_depth, on_chain)
-    return Learned(observed, predicted, lookup_rate, increments)
+    return Learned(observed, predicted, lookup_rate, reading_rate, increments)
 
 
 # The sync-free step: the same four, with drafting and judging as two fixed-shape functions.
@@ -291,17 +309,20 @@ def runs_sync_free_trees(cfg: SpeculationConfig, device_type: str, budget: str) 
 
 def draft_step(form: str, model, heads, roots: torch.Tensor, hidden: torch.Tensor, observed: torch.Tensor,
                predicted: torch.Tensor, history_tokens: torch.Tensor, history_lengths: torch.Tensor,
-               lookup_rate: torch.Tensor | None, num_drafts: int, tree_size: int, settings: StepSettings) -> TreeInputs:
+               lookup_rate: torch.Tensor | None, keys: torch.Tensor, counters: torch.Tensor, reading_rate: torch.Tensor,
+               num_drafts: int, tree_size: int, settings: StepSettings) -> TreeInputs:
     """Draft (1) as a fixed-shape function: every row's tree of its best `num_drafts` candidates
     of a drafting for the largest bucket, padded to `tree_size` draft nodes. The heads' best k of a
     larger drafting are the tree a drafting of k would give (see `drafting.tree`); the lookup
     chain, as long as the larger drafting allows, may share more of its nodes with the heads'
     (scored by both), so a budget below its bucket can choose another tree than a reading step
-    would. Exactness never depends on which tree is drafted. `form`: the model's and the heads'
-    (see `specialise`)."""
+    would. Exactness never depends on which tree is drafted. Where `settings.reading`, drafts
+    read the rows' draws (stream `keys`, `counters`). `form`: the model's and the heads' (see
+    `specialise`)."""
     specialise(form)
+    draws = node_draws(keys, counters, settings.depth) if settings.reading is not None else None
     cands, lookup = candidates(heads, model, roots, hidden, (observed / predicted).log(), history_tokens,
-                               history_lengths, lookup_rate, settings)
+                               history_lengths, lookup_rate, settings, draws=draws, reading_rate=reading_rate)
     tree = select_tree(cands, num_drafts, tree_size)
     return tree_inputs(roots, tree, lookup, tree_size + 1, settings.depth)
 
@@ -320,8 +341,8 @@ class JudgedTree:
 
 def judge_step(form: str, rule, inputs: TreeInputs, logits: torch.Tensor, hidden: torch.Tensor, cache,
                live: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor, observed: torch.Tensor,
-               predicted: torch.Tensor, lookup_rate: torch.Tensor | None, params: SamplingParams,
-               settings: StepSettings) -> JudgedTree:
+               predicted: torch.Tensor, lookup_rate: torch.Tensor | None, reading_rate: torch.Tensor,
+               params: SamplingParams, settings: StepSettings) -> JudgedTree:
     """Judge (3) and learn (4) as one fixed-shape function. The path kept in the cache is as
     long as the largest bucket's tree can accept, whatever this tree's bucket: a width that is
     a constant of the graph. `form`: the model's and the heads' (see `specialise`)."""
@@ -329,7 +350,7 @@ def judge_step(form: str, rule, inputs: TreeInputs, logits: torch.Tensor, hidden
     width = accepted_width(settings.drafts + 1, settings.depth)
     judged = judge(rule, inputs.tree, logits, hidden, cache, live, keys, counters, params, settings.depth, width)
     verdict = judged.verdict
-    learned = learn(verdict, live, observed, predicted, lookup_rate, inputs.lookup, settings)
+    learned = learn(verdict, inputs.tree, live, observed, predicted, lookup_rate, inputs.lookup, reading_rate, settings)
     return JudgedTree(verdict.tokens, verdict.logprobs, verdict.counts, judged.last_hidden, judged.counters, learned)
 
 
@@ -356,21 +377,23 @@ class SyncFreeTreeStep:
         self.judge_step = StepFunction(judge_step, compile, device)
 
     def __call__(self, model, heads, rule, state: DecodeState, budget: int, observed: torch.Tensor,
-                 predicted: torch.Tensor, lookup_rate: torch.Tensor | None, settings: StepSettings) -> SyncFreeRun:
+                 predicted: torch.Tensor, lookup_rate: torch.Tensor | None, reading_rate: torch.Tensor,
+                 settings: StepSettings) -> SyncFreeRun:
         """A tree step of `budget` nodes for every row of `state`, drafted from heads calibrated by
-        `observed` / `predicted` and the lookup chain's rates `lookup_rate`, accepted by `rule`: the
+        `observed` / `predicted` (or reading the draws, by `reading_rate`) and the lookup chain's
+        rates `lookup_rate`, accepted by `rule`: the
         state moves past the accepted paths; what the pass teaches the decoder is in the judged tree."""
         t0 = time.perf_counter()
         nodes = sync_free_bucket(budget, self.max_nodes)
         form = f"{model.form} {heads.form}"
         inputs = self.draft_step(form, model, heads, state.last_tokens, state.last_hidden, observed, predicted,
-                                 state.history.tokens, state.history.lengths, lookup_rate, budget - 1, nodes - 1,
-                                 settings)
+                                 state.history.tokens, state.history.lengths, lookup_rate, state.rng.keys,
+                                 state.rng.counters, reading_rate, budget - 1, nodes - 1, settings)
         t1 = time.perf_counter()
         logits, hidden = verify(self.verify_forward, model, state, inputs, begins_step=False)
         judged = self.judge_step(form, rule, inputs, logits, hidden, state.cache, state.live, state.rng.keys,
-                                 state.rng.counters, observed, predicted, lookup_rate, state.params, settings,
-                                 begins_step=False)
+                                 state.rng.counters, observed, predicted, lookup_rate, reading_rate, state.params,
+                                 settings, begins_step=False)
         t2 = time.perf_counter()
         moved_past(state, judged.last_hidden, judged.counters, accepted_width(budget, settings.depth))
         return SyncFreeRun(judged, nodes, t1 - t0, t2 - t1)

@@ -96,7 +96,8 @@ def add_lookup_candidates(cands: Candidates, lookup: LookupDrafts, step_logp: to
     extra["depths"] = torch.arange(1, len(new["tokens"]) + 1, device=device).expand(batch, -1)  # chain node d: depth d + 1
     return Candidates(torch.cat((cands.tokens, extra["tokens"]), 1), torch.cat((cands.parents, extra["parents"]), 1),
                       torch.cat((cands.depths, extra["depths"]), 1), torch.cat((scores, extra["scores"]), 1),
-                      torch.cat((cands.head_probs, extra["head_probs"].to(cands.head_probs.dtype)), 1), cands.proposals)
+                      torch.cat((cands.head_probs, extra["head_probs"].to(cands.head_probs.dtype)), 1), cands.proposals,
+                      None if cands.cells is None else torch.nn.functional.pad(cands.cells, (0, len(new["tokens"])), value=-1))
 
 
 def either(logp_a: torch.Tensor, logp_b: torch.Tensor) -> torch.Tensor:

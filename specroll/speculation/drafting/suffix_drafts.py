@@ -12,9 +12,9 @@ Texts are read on the host every step (the tree steps that use them read anyway)
 known by a digest of its token ids, so a rollout actor's history holds whatever prompts it was
 given; actors sharing prompts each keep their own history, and none needs another's.
 
-Exactness does not depend on it: a row's tree is a function of its own context, its siblings'
-text and earlier responses, none of which depends on the random draws that decide its next
-tokens, and verification samples every token from the policy whatever was drafted.
+Exactness does not depend on it: verification samples every token from the policy whatever was
+drafted, and with coupled draws emits plain decoding's tokens even where the chains' scores read
+the coming draws (`reading`).
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Sparse draft trees: per response, the nodes most likely to be reached under a node budget.
 
 A node's score is its estimated log-probability of being accepted: the sum along its path
-of (head log-probability + per-depth calibration), never above its parent's. Drafting goes
-depth by depth over a frontier, batched over rows; the tree is then the best `num_drafts`
+of (head log-probability + per-depth calibration), never above its parent's (drafts that read
+the coming draws, `reading`, sum the calibrated log chance that each node is its draw). Drafting
+goes depth by depth over a frontier, batched over rows; the tree is then the best `num_drafts`
 candidates. Because a child always ranks below its parent, any best-k prefix is a connected
 tree, so one drafting pass serves every budget up to the maximum. Drafting fewer nodes
 yields the same best-k trees for every k up to that number (each of those nodes ranks among
@@ -18,6 +19,8 @@ import itertools
 from dataclasses import dataclass
 
 import torch
+
+from .reading import read_children
 
 # Ranks a child strictly below its parent even when its own step has probability one.
 _DEPTH_TIEBREAK = 1e-4
@@ -43,6 +46,7 @@ class Candidates:
     scores: torch.Tensor  # [B, C] estimated log-probability of acceptance (-inf = unusable)
     head_probs: torch.Tensor  # [B, C] head probability of the token given its parent
     proposals: list[Proposal] | None = None  # the heads' sketch at each depth (`Proposal`), if asked for
+    cells: torch.Tensor | None = None  # [B, C] reading calibration cell (`reading`; -1: none); None: blind drafts
 
     def ranked(self) -> torch.Tensor:
         """Candidate order by decreasing score, parents always before their children: [B, C]."""
@@ -64,6 +68,7 @@ class DraftTree:
     valid: torch.Tensor  # [B, M] False for padding when a row has fewer usable nodes
     head_probs: torch.Tensor  # [B, M]
     candidates: torch.Tensor | None = None  # [B, M] candidate id of each node (see `Candidates`)
+    cells: torch.Tensor | None = None  # [B, M] reading calibration cell of each node (see `Candidates`)
 
     @property
     def num_drafts(self) -> int:
@@ -73,7 +78,8 @@ class DraftTree:
 @torch.no_grad()
 def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, max_drafts: int,
                      log_calibration: torch.Tensor, max_children: int = 8, max_frontier: int = 4,
-                     adjust=None, sketch_size: int = 0) -> Candidates:
+                     adjust=None, sketch_size: int = 0, draws: torch.Tensor | None = None,
+                     log_reading: torch.Tensor | None = None, sampling=None) -> Candidates:
     """Draft up to `max_drafts` nodes per depth, to depth min(depth, max_drafts), for each row
     from its own heads.
 
@@ -86,6 +92,9 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
     adjust(depth, states [B, F, D]) -> a correction added to head `depth`'s (1-based) states before
     the LM head (Reflex). sketch_size m > 0 keeps each depth's top-m head distribution per frontier
     node (the matured records of Reflex and the slow path).
+    draws [B, depth] (`reading.node_draws`): children are the ones the noise of their draw favours
+    under `sampling` (SamplingParams), scored by the better of the reading calibration
+    `log_reading` [depth, cells] and the blind score (`reading`); None: blind drafts.
     """
     batch = hidden.shape[0]
     width = min(max_children, max_drafts)
@@ -93,7 +102,7 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
     frontier_tokens = roots[:, None]
     frontier_scores = torch.zeros(batch, 1, device=hidden.device)
     frontier_ids = torch.full((batch, 1), -1, dtype=torch.long, device=hidden.device)
-    tokens, parents, sizes, scores, head_probs, proposals = [], [], [], [], [], []
+    tokens, parents, sizes, scores, head_probs, proposals, cells = [], [], [], [], [], [], []
     next_id = 0
     lm_head = model.lm_head.weight  # the policy's own, read every call, so drafts follow its updates
     width = min(width, heads.draft_vocab_size(lm_head))
@@ -106,14 +115,19 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
             states = heads.step(d, state, hidden[:, None].expand_as(emb), emb)
         logits_input = states if adjust is None else states + adjust(d + 1, states)
         logp = torch.log_softmax(heads.draft_logits(logits_input, lm_head).float(), dim=-1)
-        top_lp, top_tok = logp.topk(min(max(width, sketch_size), logp.shape[-1]), dim=-1)  # [B, F or 1, >= W]
-        if heads.draft_vocab is not None:
-            top_tok = heads.draft_vocab[top_tok]
+        if draws is None or sketch_size:
+            top_lp, top_tok = logp.topk(min(max(width, sketch_size), logp.shape[-1]), dim=-1)  # [B, F or 1, >= W]
+            if heads.draft_vocab is not None:
+                top_tok = heads.draft_vocab[top_tok]
         if sketch_size:
             shape = (batch, frontier_ids.shape[1], min(sketch_size, top_lp.shape[-1]))
             proposals.append(Proposal(frontier_ids, top_lp[..., : shape[2]].expand(shape), top_tok[..., : shape[2]].expand(shape)))
-        top_lp, top_tok = top_lp[..., :width], top_tok[..., :width]
-        step = (top_lp + log_calibration[d]).clamp(max=0.0)
+        if draws is None:
+            top_lp, top_tok = top_lp[..., :width], top_tok[..., :width]
+            step = (top_lp + log_calibration[d]).clamp(max=0.0)
+        else:
+            top_lp, top_tok, cell = read_children(logp, heads.draft_vocab, draws[:, d], width, sampling)
+            step = torch.maximum(log_reading[d][cell], (top_lp + log_calibration[d]).clamp(max=0.0))
         cand = (frontier_scores[..., None] + step).flatten(1)  # [B, F*W]
         keep = min(max_drafts, cand.shape[1])
         best, idx = cand.topk(keep, dim=1)
@@ -125,6 +139,8 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
         sizes.append(keep)
         scores.append(best)
         head_probs.append(torch.gather(flat_lp, 1, idx).exp())
+        if draws is not None:
+            cells.append(torch.gather(cell.expand(batch, frontier_tokens.shape[1], width).flatten(1), 1, idx))
         # The best kept nodes (topk sorts them) become the next frontier.
         width_next = min(max_frontier, keep)
         if heads.head_type == "path":
@@ -133,7 +149,8 @@ def draft_candidates(heads, model, hidden: torch.Tensor, roots: torch.Tensor, ma
         frontier_ids = torch.arange(next_id, next_id + width_next, device=hidden.device)[None].expand(batch, -1)
         next_id += keep
     return Candidates(torch.cat(tokens, 1), torch.cat(parents, 1), level_depths(sizes, batch, hidden.device),
-                      torch.cat(scores, 1), torch.cat(head_probs, 1), proposals if sketch_size else None)
+                      torch.cat(scores, 1), torch.cat(head_probs, 1), proposals if sketch_size else None,
+                      torch.cat(cells, 1) if draws is not None else None)
 
 
 def no_candidates(roots: torch.Tensor) -> Candidates:
@@ -167,12 +184,13 @@ def select_tree(cands: Candidates, num_drafts: int, size: int | None = None) -> 
     depths = torch.gather(cands.depths, 1, chosen)
     scores = torch.gather(cands.scores, 1, chosen)
     head_probs = torch.gather(cands.head_probs, 1, chosen)
+    cells = None if cands.cells is None else torch.gather(cands.cells, 1, chosen)
     # Map candidate ids to combined indices (root = 0, chosen node j = j + 1).
     combined = torch.zeros(batch, num_cands + 1, dtype=torch.long, device=tokens.device)
     combined.scatter_(1, chosen + 1, torch.arange(1, size + 1, device=tokens.device).expand(batch, -1))
     parents = torch.gather(combined, 1, torch.gather(cands.parents, 1, chosen) + 1)
     valid = torch.isfinite(scores) & ~padding
-    return DraftTree(tokens, parents.masked_fill(~valid, 0), depths, valid, head_probs, chosen)
+    return DraftTree(tokens, parents.masked_fill(~valid, 0), depths, valid, head_probs, chosen, cells)
 
 
 def tree_attention_mask(tree: DraftTree, max_depth: int) -> torch.Tensor:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from specroll.rollout.decode_state import StepResult
-from specroll.rollout.sampling import sample_tokens
+from specroll.rollout.samplers import sample_tokens
+from specroll.rollout.sampling import SamplingParams
 
 from ..drafting.tree import DraftTree
 
@@ -46,10 +47,11 @@ class Verdict:
                    reached_node_prob=nothing)
 
 
-def verify_tree(logprobs: torch.Tensor, tree: DraftTree, uniforms: torch.Tensor | None, greedy: bool,
+def verify_tree(logprobs: torch.Tensor, tree: DraftTree, uniforms: torch.Tensor | None, params: SamplingParams,
                 max_depth: int) -> Verdict:
-    """logprobs [B, 1+M, V] at root and nodes; uniforms [B, 1+M] (one draw per node: see above)."""
-    samples, sample_lp = sample_tokens(logprobs, uniforms, greedy)  # [B, 1+M]
+    """logprobs [B, 1+M, V] at root and nodes; uniforms [B, 1+M] (one draw per node: see above),
+    sampled as plain decoding samples with `params`."""
+    samples, sample_lp = sample_tokens(logprobs, uniforms, params)  # [B, 1+M]
     batch = samples.shape[0]
     device = samples.device
     current = torch.zeros(batch, dtype=torch.long, device=device)
