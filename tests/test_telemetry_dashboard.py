@@ -33,6 +33,9 @@ def test_every_panel_names_defined_metrics_against_the_training_step():
     named = {name for panel in panels for name in panel.y}
     assert set(m.family_names("timing_s")) <= named  # the breakdown stacks every phase
     assert {m.TOKENS_PER_STEP, m.acceptance_depth(1), m.HEADS_UPDATES, m.REWARD_MEAN} <= named
+    assert {m.IS_WEIGHT_MEAN, m.IS_CLIPPED_FRAC, m.ENTROPY_MASK_FRAC, m.CISPO_CLIP_FRAC, m.OVERLONG_PENALTY_MEAN,
+            m.RESAMPLED_GROUPS, m.KEPT_GROUPS, m.DROPPED_GROUPS, m.RESAMPLE_ROUNDS, m.STEP_SKIPPED} <= named
+    assert m.TIME_RESAMPLE in named  # dynamic sampling's rounds in the step's breakdown
     stacked = [p.title for p in panels if p.plot_type == "stacked-area"]
     assert stacked == ["where the step's time goes (s)"]
     # The spec W&B would receive: built without the network, every metric in it defined.

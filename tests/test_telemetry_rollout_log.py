@@ -43,7 +43,8 @@ def test_two_runs_compared_response_by_response(tmp_path, capsys):
     assert [(s.step, s.identical, s.responses, s.same_prompts) for s in steps] == [(0, 2, 2, True), (1, 1, 2, True)]
     assert steps[1].reward_a == 0.5 and steps[1].reward_b == 0.0
     out = main([str(a), str(b), "--json", str(tmp_path / "cmp.json")])
-    assert out["identical"] == 3 and out["responses"] == 4 and out["first_difference_step"] == 1
-    assert "identical responses: 3/4 (75.0%) over 2 steps; the first difference is at step 1" in capsys.readouterr().out
+    same = out["identity"]["b"]
+    assert same["identical"] == 3 and same["responses"] == 4 and same["first_difference_step"] == 1
+    assert "identical responses, b and a: 3/4 (75.0%) over 2 steps; the first difference is at step 1" in capsys.readouterr().out
     with pytest.raises(FileNotFoundError, match="logger.rollouts=true"):
         read_rollouts(tmp_path / "missing")

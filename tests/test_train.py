@@ -270,8 +270,9 @@ def test_a_speculative_run_samples_the_vanilla_runs_responses_and_learns_the_sam
         run_training(cfg)
         runs[mode] = cfg.run_dir
     out = compare_main([runs["speculation"], runs["vanilla"], "--plot", str(tmp_path / "curves.png")])
-    assert out["responses"] == 8 and out["identical"] == 8 and out["first_difference_step"] is None
-    assert all(s["same_prompts"] and s["reward_a"] == s["reward_b"] for s in out["steps"])
+    (same,) = out["identity"].values()
+    assert same["responses"] == 8 and same["identical"] == 8 and same["first_difference_step"] is None
+    assert all(s["same_prompts"] and s["reward_a"] == s["reward_b"] for s in same["steps"])
     curves = list(out["held_out"].values())
     assert curves[0] == curves[1] and [updates for updates, _ in curves[0]] == [0, 2]
     assert (tmp_path / "curves.png").stat().st_size > 0

@@ -64,6 +64,11 @@ SECTIONS: dict[str, tuple[Chart, ...]] = {
         Chart("clipped token shares", (m.CLIP_FRAC_LOW, m.CLIP_FRAC_HIGH, m.DUAL_CLIP_FRAC)),
         Chart("groups without signal", (m.FRAC_ZERO_STD_GROUPS,)),
         Chart("response length and clip ratio", (m.RESPONSE_LENGTH_MEAN, m.CLIP_RATIO)),
+        Chart("loss variants: token shares capped (CISPO), mismatch-clipped, entropy-selected",
+              (m.CISPO_CLIP_FRAC, m.IS_CLIPPED_FRAC, m.ENTROPY_MASK_FRAC)),
+        Chart("mismatch weight mean and overlong penalty", (m.IS_WEIGHT_MEAN, m.OVERLONG_PENALTY_MEAN)),
+        Chart("dynamic sampling: groups kept, dropped, resampled", (m.KEPT_GROUPS, m.DROPPED_GROUPS, m.RESAMPLED_GROUPS)),
+        Chart("dynamic sampling: extra rounds, skipped updates", (m.RESAMPLE_ROUNDS, m.STEP_SKIPPED)),
     ),
 }
 

@@ -1,12 +1,14 @@
-"""Two runs side by side: whether they sampled the same responses, and what each learned.
+"""Runs side by side: whether they sampled the same responses, and what each learned.
 
     python -m specroll.tools.compare_runs runs/learning runs/learning_vanilla --plot learning.png
+    python -m specroll.tools.compare_runs runs/grpo runs/gspo runs/cispo --label GRPO --label GSPO --label CISPO
 
-Both runs log their responses with `logger.rollouts=true`. Run with the same seed, a speculative run
+Every run logs its responses with `logger.rollouts=true`. Run with the same seed, a speculative run
 samples the vanilla run's responses token for token (coupled draws), so its updates, rewards and
-evaluations are the vanilla run's too. Printed: per step the share of identical responses and each
-run's mean reward, then each held-out evaluation (run_dir/evals/); `--plot` draws both runs' learning
-curves, `--json` writes the comparison.
+evaluations are the vanilla run's too. Each run after the first is compared with the first. Printed:
+per step how many of each later run's responses equal the first run's and each run's mean reward,
+then each held-out evaluation (run_dir/evals/); `--plot` draws every run's learning curves in one
+figure, a legend naming each run (`--label`, default the folder names), `--json` writes the comparison.
 """
 from __future__ import annotations
 
@@ -50,46 +52,75 @@ def mean(values: list[float]) -> float:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_a", help="a run_dir with rollouts.jsonl (logger.rollouts=true)")
-    p.add_argument("run_b", help="the other run_dir")
-    p.add_argument("--plot", metavar="PNG", help="draw both runs' reward and held-out accuracy curves")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                   help="two or more run_dirs with rollouts.jsonl (logger.rollouts=true); the first is the reference")
+    p.add_argument("--label", action="append", metavar="NAME",
+                   help="a run's name in the printout and the legend, once per run in order (default: folder names)")
+    p.add_argument("--plot", metavar="PNG", help="draw every run's reward and held-out accuracy curves")
     p.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if len(args.runs) < 2:
+        p.error("compare two runs or more")
+    if args.label is not None and (len(args.label) != len(args.runs) or len(set(args.label)) != len(args.label)):
+        p.error(f"--label: {len(args.runs)} distinct names, one per run, got {args.label}")
+    return args
 
 
-def run_names(run_a: str, run_b: str) -> tuple[str, str]:
+def run_names(run_dirs: list[str]) -> list[str]:
     """The runs' folder names, or their paths where those coincide."""
-    a, b = Path(run_a), Path(run_b)
-    return (a.name, b.name) if a.name != b.name else (str(a), str(b))
+    names = [Path(run).name for run in run_dirs]
+    return names if len(set(names)) == len(names) else [str(Path(run)) for run in run_dirs]
 
 
-def report(args: argparse.Namespace, steps: list[StepComparison]) -> dict:
-    names = run_names(args.run_a, args.run_b)
-    total = sum(s.responses for s in steps)
-    identical = sum(s.identical for s in steps)
-    print(f"{'step':>5} {'identical':>10} {'prompts':>8} {'reward ' + names[0]:>20} {'reward ' + names[1]:>20}")
-    for s in steps:
-        print(f"{s.step:>5} {s.identical:>4}/{s.responses:<5} {'same' if s.same_prompts else 'DIFFER':>8} "
-              f"{s.reward_a:>20.3f} {s.reward_b:>20.3f}")
+def print_steps(first: str, against: dict[str, list[StepComparison]]) -> None:
+    """Per step: each later run's responses equal to the first run's, then every run's mean reward."""
+    steps = sorted(set.intersection(*({s.step for s in c} for c in against.values())))
+    rows = {name: {s.step: s for s in c} for name, c in against.items()}
+    names = [first, *against]
+    print(f"{'step':>5} " + " ".join(f"{'identical ' + n:>24}" for n in against) + " "
+          + " ".join(f"{'reward ' + n:>20}" for n in names))
+    for step in steps:
+        same = [rows[n][step] for n in against]
+        cells = [f"{s.identical}/{s.responses}" + ("" if s.same_prompts else " DIFFER") for s in same]
+        rewards = [same[0].reward_a, *(s.reward_b for s in same)]
+        print(f"{step:>5} " + " ".join(f"{c:>24}" for c in cells) + " " + " ".join(f"{r:>20.3f}" for r in rewards))
+
+
+def identity(steps: list[StepComparison]) -> dict:
+    """How many responses two runs share over their common steps, and the first step where they part."""
     first_fork = next((s.step for s in steps if s.identical < s.responses or not s.same_prompts), None)
-    print(f"identical responses: {identical}/{total} ({identical / max(total, 1):.1%}) over {len(steps)} steps; "
-          + ("none differ" if first_fork is None else f"the first difference is at step {first_fork}"))
-    curves = {name: held_out_curve(run) for name, run in zip(names, (args.run_a, args.run_b))}
+    return {"identical": sum(s.identical for s in steps), "responses": sum(s.responses for s in steps),
+            "first_difference_step": first_fork, "steps": [s._asdict() for s in steps]}
+
+
+def report(runs: dict[str, str], against: dict[str, list[StepComparison]]) -> dict:
+    """Printed and returned: each later run's responses against the first's, every run's held-out curve."""
+    first = next(iter(runs))
+    print_steps(first, against)
+    same = {name: identity(steps) for name, steps in against.items()}
+    for name, s in same.items():
+        print(f"identical responses, {name} and {first}: {s['identical']}/{s['responses']} "
+              f"({s['identical'] / max(s['responses'], 1):.1%}) over {len(s['steps'])} steps; "
+              + ("none differ" if s["first_difference_step"] is None
+                 else f"the first difference is at step {s['first_difference_step']}"))
+    curves = {name: held_out_curve(run) for name, run in runs.items()}
     for name, curve in curves.items():
         print(f"held-out accuracy, {name}: " + (", ".join(f"{a:.3f} ({u} updates)" for u, a in curve) or "none"))
-    return {"runs": dict(zip(names, (args.run_a, args.run_b))), "identical": identical, "responses": total,
-            "first_difference_step": first_fork, "steps": [s._asdict() for s in steps], "held_out": curves}
+    return {"runs": runs, "identity": same, "held_out": curves}
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    steps = compare_runs(read_rollouts(args.run_a), read_rollouts(args.run_b))
-    if not steps:
-        raise ValueError(f"{args.run_a} and {args.run_b} logged no step in common")
-    out = report(args, steps)
+    runs = dict(zip(args.label or run_names(args.runs), args.runs))
+    first, *later = runs.items()
+    logged = read_rollouts(first[1])
+    against = {name: compare_runs(logged, read_rollouts(run)) for name, run in later}
+    for name, steps in against.items():
+        if not steps:
+            raise ValueError(f"{first[1]} and {runs[name]} logged no step in common")
+    out = report(runs, against)
     if args.plot:
-        names = run_names(args.run_a, args.run_b)
-        plot_learning_curves(dict(zip(names, (args.run_a, args.run_b))), args.plot, title=" and ".join(names))
+        plot_learning_curves(runs, args.plot, title=", ".join(runs))
         print(f"curves: {args.plot}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
