@@ -47,7 +47,7 @@ RULES: dict[str, str] = {
                                           "operations seed"),
     **kind(CHANGES_RUN, "data.reward", "function correct format_weight"),
     **kind(SAFE, "data.reward", "timeout_s"),
-    **kind(CHANGES_RUN, "rollout", "mode temperature top_p top_k max_new_tokens n"),
+    **kind(CHANGES_RUN, "rollout", "mode sampler temperature top_p top_k max_new_tokens n"),
     **kind(SAFE, "rollout", "compile sync_every"),
     **kind(FIXED, "rollout.speculation", "num_heads head_type"),  # the shape of the checkpoint's heads.pt
     **kind(SAFE, "rollout.speculation", "max_depth"),  # how deep trees draft: speed, never what is sampled
