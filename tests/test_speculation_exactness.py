@@ -452,8 +452,13 @@ MUTATIONS = {  # rule, the setting it is tried on
 def test_biased_acceptance_rules_are_rejected(model, oracle, heads, mutation, record_property):
     """Negative controls: subtle biases in the acceptance rule fail the same tests."""
     rule, name = MUTATIONS[mutation]
+    assert_rejected(model, oracle, heads, mutation, name, record_property, rule=rule)
+
+
+def assert_rejected(model, oracle, heads, mutation: str, name: str, record_property, **wrong) -> None:
+    """Setting `name` run with the `wrong` rule or noise fails the exactness tests."""
     setting = SETTINGS[name]
-    out, recorder, params = speculative_rollout(model, heads[setting.heads], setting, rule=rule)
+    out, recorder, params = speculative_rollout(model, heads[setting.heads], setting, **wrong)
     pvalues = exactness_pvalues(decisions_of(oracle, PROMPTS, out, recorder, params, setting.n), NUM_HEADS)
     record_property("pvalues", pvalues)
     print(f"{mutation} on {name}: Bonferroni min p {bonferroni_min(pvalues):.3g}")
@@ -491,9 +496,4 @@ QUICK_NOISE_MUTATIONS: set[str] = set()  # the quick tier has a child reusing it
 def test_miskeyed_noise_is_rejected(model, oracle, heads, mutation, record_property):
     """Negative controls: draws not keyed by the response position fail the same tests."""
     noise, name = NOISE_MUTATIONS[mutation]
-    setting = SETTINGS[name]
-    out, recorder, params = speculative_rollout(model, heads[setting.heads], setting, noise=noise)
-    pvalues = exactness_pvalues(decisions_of(oracle, PROMPTS, out, recorder, params, setting.n), NUM_HEADS)
-    record_property("pvalues", pvalues)
-    print(f"{mutation} on {name}: Bonferroni min p {bonferroni_min(pvalues):.3g}")
-    assert bonferroni_min(pvalues) < FAIL_P, pvalues
+    assert_rejected(model, oracle, heads, mutation, name, record_property, noise=noise)
