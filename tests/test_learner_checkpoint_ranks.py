@@ -8,10 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-import torch.distributed
-import torch.multiprocessing as mp
-
+from gloo_ranks import run_two_ranks
 from specroll.learner import CheckpointDamagedError, verify_checkpoint
 from specroll.learner.checkpoint import CompletionMarker, file_hash
 
@@ -19,9 +16,6 @@ ZERO_STAGES = (2, 3)
 
 
 def run_rank(rank: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=2)
     sys.path.insert(0, str(Path(__file__).parent))
     from specroll.learner import checkpoint, save_checkpoint
     from test_learner_checkpoint import make_learner, random_samples
@@ -40,12 +34,10 @@ def run_rank(rank: int, out_dir: str) -> None:
         save_checkpoint(learner, os.path.join(out_dir, f"ckpt{zero_stage}"), step=1)
         Path(out_dir, f"hashed{zero_stage}_rank{rank}.json").write_text(json.dumps(hashed))
         hashed.clear()
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
 
 
 def test_each_rank_hashes_its_own_files_and_the_marker_covers_every_one(tmp_path):
-    mp.start_processes(run_rank, args=(str(tmp_path),), nprocs=2, start_method="spawn")
+    run_two_ranks(run_rank, str(tmp_path))
     for zero_stage in ZERO_STAGES:
         checkpoint = tmp_path / f"ckpt{zero_stage}" / "step_00000001"
         hashed = [{Path(p).relative_to(checkpoint.with_name(checkpoint.name + ".tmp")).as_posix()

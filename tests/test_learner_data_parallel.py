@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 import torch.distributed
-import torch.multiprocessing as mp
 
+from gloo_ranks import run_two_ranks
 from specroll.grpo import PolicyLossConfig, policy_loss
 from specroll.learner import GRPOSamples, micro_batch_indices, pad_samples, sequence_logprobs
 from specroll.models import build_tiny_model
@@ -48,11 +48,6 @@ def record_all_reduce_devices() -> list[tuple[str, torch.dtype]]:
 
 
 def run_rank(rank: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
-    torch.set_num_threads(1)
-    # A rendezvous file, not a port: a free port picked by the parent can be taken by another
-    # process before rank 0, seconds of imports later, listens on it.
-    torch.distributed.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=2)
     from specroll.learner import GRPOLearner, LearnerConfig, latest_checkpoint, load_checkpoint, save_checkpoint
     from specroll.learner.collectives import collective_device
 
@@ -72,10 +67,6 @@ def run_rank(rank: int, out_dir: str) -> None:
                   "reduced": list(reduced), "collective_device": str(collective_device())}
         reduced.clear()
         torch.save(result, os.path.join(out_dir, f"stage{zero_stage}_rank{rank}.pt"))
-    # Both ranks done before either tears gloo down: a rank that exits first can abort the other
-    # (SIGABRT, "terminate called without an active exception", seen in full test runs).
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
 
 
 def test_two_ranks_match_one_process_on_the_whole_batch(tmp_path):
@@ -84,7 +75,7 @@ def test_two_ranks_match_one_process_on_the_whole_batch(tmp_path):
     assert counts[0] == 1 and counts[1] >= 3
 
     # One spawn for both stages: starting the processes costs more than the steps.
-    mp.start_processes(run_rank, args=(str(tmp_path),), nprocs=2, start_method="spawn")
+    run_two_ranks(run_rank, str(tmp_path))
 
     # Oracle: plain autograd over both shards as one batch, then AdamW's first step by hand.
     whole = GRPOSamples(
