@@ -14,13 +14,16 @@ from specroll.learner import GRPOLearner, LearnerConfig
 from specroll.models import CausalLM, build_tiny_model
 from specroll.rollout import RolloutEngine, SamplingParams
 
-NUM_PROMPTS, GROUP_SIZE, STEPS = 8, 8, 30
+NUM_PROMPTS, GROUP_SIZE, OPTIMIZER_STEPS = 8, 8, 60
 LOSSES = {
     "grpo": {},
     "gspo": {"importance_sampling_level": "sequence", "clip_low": 3e-4, "clip_high": 4e-4,
              "aggregation": "seq-mean-token-mean"},
     "cispo-mismatch": {"surrogate": "cispo", "mismatch_correction": "token_truncate"},
 }
+# Mini-batches (optimizer steps) per update. GSPO's clip range (4e-4 of a sequence's ratio) stops
+# every step after an update's first, so the prompts of a second mini-batch would go unlearned.
+MINI_BATCHES = {"grpo": 2, "gspo": 1, "cispo-mismatch": 2}
 
 
 def target_chance(model: CausalLM, prompts: torch.Tensor, target: int) -> float:
@@ -45,16 +48,16 @@ def test_grpo_learns_to_start_with_the_rewarded_token(loss):
 
     learner = GRPOLearner(
         policy,
-        LearnerConfig(lr=1e-2, mini_batch_size=32, micro_batch_tokens=64, max_response_len=4, max_seq_len=16, device="cpu",
-                      loss=LOSSES[loss]),
+        LearnerConfig(lr=1e-2, mini_batch_size=NUM_PROMPTS * GROUP_SIZE // MINI_BATCHES[loss], micro_batch_tokens=64,
+                      max_response_len=4, max_seq_len=16, device="cpu", loss=LOSSES[loss]),
     )
     rollout_model = CausalLM(policy.config)
     params = dict(temperature=1.0, max_new_tokens=3, n=GROUP_SIZE)
     prompt_lists = prompts.tolist()
     mean_rewards = []
-    for step in range(STEPS):
+    for step in range(OPTIMIZER_STEPS // MINI_BATCHES[loss]):
         version, weights = learner.policy_state_dict()
-        assert version == 2 * step  # two mini-batches of 32 per update
+        assert version == MINI_BATCHES[loss] * step
         rollout_model.load_state_dict(weights)
         out = RolloutEngine(rollout_model).generate(prompt_lists, SamplingParams(seed=step, **params))
         rewards = [float(tokens[0] == target) for tokens in out.token_ids]
@@ -68,7 +71,7 @@ def test_grpo_learns_to_start_with_the_rewarded_token(loss):
             sampler_logprobs=out.logprobs,
         )
         metrics = learner.update(samples)
-        assert metrics["train/optimizer_steps"] == 2
+        assert metrics["train/optimizer_steps"] == MINI_BATCHES[loss]
 
     assert mean_rewards[0] < 0.25
     assert sum(mean_rewards[-3:]) / 3 > 0.8, mean_rewards
