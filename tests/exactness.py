@@ -330,18 +330,25 @@ def decision_draws(dec: Decisions, seed: int, n: int) -> np.ndarray:
     return uniforms_at(keys[dec.response], torch.as_tensor(dec.position)[:, None])[:, 0].numpy()
 
 
+GUMBEL_TIE = 1e-4  # log-space gap below which float32 and float64 log-probs may pick different Gumbel winners
+
+
 def gumbel_hit_chance(dec: Decisions, draws: np.ndarray, candidates: int) -> np.ndarray:
     """[N] the exact chance that each decision's token was a drafted child, given every token's
     Gumbel under its draw `draws` [N] (more than any tree reads), under the gumbel sampler with
     `candidates` tokens in its first stage: the argmax over the likeliest `candidates` (S) of
-    log p + G with probability p(S), else a token outside S with probability p, whatever G."""
+    log p + G with probability p(S), else a token outside S with probability p, whatever G. Where
+    the two best of S are within GUMBEL_TIE, each is taken to win half the time."""
     n, vocab = dec.probs.shape
     noise = token_gumbels(torch.as_tensor(draws), torch.arange(vocab).expand(n, -1)).numpy()
     inside = np.zeros_like(dec.drafted)
     np.put_along_axis(inside, np.argsort(-dec.probs, axis=1, kind="stable")[:, :candidates], True, axis=1)
     with np.errstate(divide="ignore"):
         perturbed = np.where(inside, np.log(dec.probs) + noise, -np.inf)
-    winner = perturbed.argmax(axis=1)
     rows = np.arange(n)
-    return ((dec.probs * inside).sum(axis=1) * dec.drafted[rows, winner] * (dec.probs[rows, winner] > 0)
-            + (dec.probs * dec.drafted * ~inside).sum(axis=1))
+    best, second = np.argsort(-perturbed, axis=1, kind="stable")[:, :2].T
+    winner_drafted = dec.drafted[rows, best] * (dec.probs[rows, best] > 0)
+    # The sampler's float32 log-probs cannot order two perturbed values this close: either may win.
+    tied = perturbed[rows, best] - perturbed[rows, second] < GUMBEL_TIE
+    winner_drafted = np.where(tied, (winner_drafted + dec.drafted[rows, second]) / 2, winner_drafted)
+    return (dec.probs * inside).sum(axis=1) * winner_drafted + (dec.probs * dec.drafted * ~inside).sum(axis=1)

@@ -8,8 +8,17 @@ import pytest
 import torch
 from scipy.stats import chi2, chisquare
 
-from exactness import Decisions, acceptance_test, multinomial_sum_test, near_cutoff, reference_probs
+from exactness import (
+    GUMBEL_TIE,
+    Decisions,
+    acceptance_test,
+    gumbel_hit_chance,
+    multinomial_sum_test,
+    near_cutoff,
+    reference_probs,
+)
 from specroll.rollout import SamplingParams, sampling_logprobs
+from specroll.rollout.draw_noise import token_gumbels
 
 
 def test_top_k_keeps_every_token_tied_with_the_kth():
@@ -82,3 +91,22 @@ def test_acceptance_test_compares_hits_with_the_drafted_mass():
     dec = Decisions(probs=np.tile([0.5, 0.5], (100, 1)), tokens=tokens, depth=np.ones(100, dtype=int), drafted=drafted,
                     logprobs=np.zeros(100), response=np.arange(100), position=np.zeros(100, dtype=int))
     assert acceptance_test(dec, [(0, 0), (1, 1)]) == pytest.approx(chi2.sf((60 - 50) ** 2 / 25, 1))
+
+
+def test_gumbel_hit_chance_of_a_clear_winner_and_of_a_tie():
+    """Tokens 0 and 1 in the Gumbel stage (mass 0.9), token 2 outside it (0.1); token 0 is drafted.
+    Row 0: token 0's perturbed value leads by 1: a hit whenever the Gumbel stage draws (0.9). Row 1:
+    it leads by a tenth of GUMBEL_TIE, which float32 log-probs cannot resolve: half of that."""
+    draw = np.array([0.25, 0.25])
+    g = token_gumbels(torch.as_tensor(draw), torch.arange(3).expand(2, -1)).numpy()[0]
+    probs = []
+    for lead in (1.0, GUMBEL_TIE / 10):
+        # log p0 + g0 = log p1 + g1 + lead, with p0 + p1 = 0.9.
+        ratio = math.exp(g[1] - g[0] + lead)
+        p1 = 0.9 / (1 + ratio)
+        probs.append([0.9 - p1, p1, 0.1])
+    drafted = np.zeros((2, 3), dtype=bool)
+    drafted[:, 0] = True
+    dec = Decisions(probs=np.array(probs), tokens=np.zeros(2, dtype=int), depth=np.ones(2, dtype=int), drafted=drafted,
+                    logprobs=np.zeros(2), response=np.arange(2), position=np.zeros(2, dtype=int))
+    assert gumbel_hit_chance(dec, draw, candidates=2) == pytest.approx([0.9, 0.45])
