@@ -101,7 +101,8 @@ print(json.dumps(learner_step_memory(tiny_config_for_check(), dtype, torch.devic
 HONEST_RSS = {"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "2"}
 
 
-@pytest.mark.parametrize("dtype,checkpointing", [("bfloat16", True), ("bfloat16", False), ("float32", True)])
+# float32 with checkpointing: gpu_check's dry run below.
+@pytest.mark.parametrize("dtype,checkpointing", [("bfloat16", True), ("bfloat16", False)])
 def test_planned_learner_step_matches_measured_cpu_memory(dtype, checkpointing):
     """Peak RSS of a fresh process over its second plain-torch GRPO step (8 layers, 4096 tokens), less
     its RSS before (the weights); glibc maps every allocation over 64 KiB, so RSS follows what torch holds."""
