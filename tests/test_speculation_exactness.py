@@ -58,10 +58,12 @@ def model(request):
 
 @pytest.fixture(autouse=True)
 def statistics_tier_on_the_llama_alone(request):
-    """Qwen3 runs every tier's quick settings; the minutes of the statistics tier run on the Llama once."""
+    """Qwen3 runs every tier's quick settings; the minutes of the statistics tier and the negative
+    controls (the tests' power, whatever the architecture) run on the Llama once."""
     callspec = getattr(request.node, "callspec", None)
-    if callspec and callspec.params.get("model") != "llama" and request.node.get_closest_marker("statistics"):
-        pytest.skip("the statistics tier runs on the Llama; this architecture runs the quick settings")
+    if callspec and callspec.params.get("model") != "llama" and (
+            request.node.get_closest_marker("statistics") or "mutation" in callspec.params):
+        pytest.skip("the statistics tier and the negative controls run on the Llama; this architecture runs the quick settings")
 
 
 @pytest.fixture(scope="module")
