@@ -3,10 +3,10 @@
 Plugs into `RolloutEngine` like the plain decoder (`rollout.decoder.Decoder`): it feeds each row's
 last sampled token (the root) plus its draft tree, and returns the accepted tokens and the bonus
 token. The step itself, draft -> verify -> judge -> learn, is `speculation/step.py`; this decoder
-sizes each step's tree (its node budget), keeps the drafters' running estimates and the step
-counts between steps, and adds what a step that reads on the host learns besides (Reflex, the
-slow path's records, sibling and history lookup). Where the budget decodes plain, would-be trees
-are scored against the emitted tokens (`verification.would_be`).
+sizes each step's tree (its node budget), keeps the drafters' running estimates (`estimates`)
+and the step counts between steps, and adds what a step that reads on the host learns besides
+(Reflex, the slow path's records, sibling and history lookup). Where the budget decodes plain,
+would-be trees are scored against the emitted tokens (`verification.would_be`).
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from .budgets.tree_gate import TreeGate
 from .config import SpeculationConfig
 from .drafting.heads import HorizonHeads, shipped_heads
 from .drafting.heads_state import HeadsState
-from .drafting.lookup import LookupAcceptance
-from .drafting.reading import node_draws, reading_prior
+from .drafting.reading import node_draws
 from .drafting.suffix_drafts import SuffixDrafts
+from .estimates import RunningEstimates
 from .step import (
     Drafts,
     DraftedTree,
@@ -155,16 +155,11 @@ class SpeculativeDecoder:
         """The heads' calibration, the cost model's and the lookup's estimates at their priors."""
         device, depth, cfg = next(self.model.parameters()).device, self.depth, self.cfg
         self.would_be = WouldBeTrees(cfg.fixed_nodes, depth, device) if cfg.scores_would_be else None
-        # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
-        self.observed = torch.ones(depth, device=device)
-        self.predicted = torch.ones(depth, device=device)
-        # Drafts that read the coming draws: how often a child of each rank and margin was the draw.
-        self.reading_rate = reading_prior(depth, cfg.max_children, device)
+        self.estimates = RunningEstimates(cfg, depth, device)
         if self.cost_model is not None:
             self.cost_model.restart(depth)
         if self.gate is not None:
             self.gate.reset()
-        self.lookup_acceptance = LookupAcceptance(self.cfg.lookup_ngram, depth, self.cfg.calibration_momentum, device)
         if self.suffix is not None:
             self.suffix.restart_estimates(depth, self.cfg.calibration_momentum)
         if self.records is not None:
@@ -235,11 +230,7 @@ class SpeculativeDecoder:
 
     def settings(self, drafts: int, params: SamplingParams) -> StepSettings:
         """What a step drafting `drafts` candidates per depth, sampling by `params`, reads besides tensors."""
-        return step_settings(self.cfg, drafts, self.depth, self.lookup_acceptance.momentum, params)
-
-    def lookup_rate(self) -> torch.Tensor | None:
-        """The context lookup chain's acceptance estimates (None: no context lookup)."""
-        return self.lookup_acceptance.rate if self.cfg.context_lookup else None
+        return step_settings(self.cfg, drafts, self.depth, self.estimates.lookup_acceptance.momentum, params)
 
     @torch.inference_mode()
     def step(self, state: DecodeState) -> StepResult:
@@ -290,10 +281,11 @@ class SpeculativeDecoder:
         adjust = self.reflex.correction(state) if self.reflex is not None and self.cfg.head_drafts else None
         settings = self.settings(max_drafts, state.params)
         draws = node_draws(state.rng.keys, state.rng.counters, self.depth) if settings.reading is not None else None
-        cands, lookup = candidates(self.heads, self.model, state.last_tokens, state.last_hidden,
-                                   (self.observed / self.predicted).log(), state.history.tokens, state.history.lengths,
-                                   self.lookup_rate(), settings, adjust, sketch, self.cfg.head_drafts,
-                                   () if suffix is None else self.suffix.scored(suffix), draws, self.reading_rate)
+        est = self.estimates
+        cands, lookup = candidates(self.heads, self.model, state.last_tokens, state.last_hidden, est.calibration(),
+                                   state.history.tokens, state.history.lengths, est.lookup_rate(), settings, adjust,
+                                   sketch, self.cfg.head_drafts, () if suffix is None else self.suffix.scored(suffix),
+                                   draws, est.reading_rate)
         return Drafts(cands, lookup, suffix)
 
     def remember_responses(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> None:
@@ -328,13 +320,13 @@ class SpeculativeDecoder:
         """Learn (step 4) from a pass (`judged`: None after a plain step): the heads' calibration, the
         lookup chains' acceptance, the pass counts, and where on, Reflex's fast state and the slow
         path's head records."""
-        budget, cands, tree = drafted.budget, drafted.candidates, drafted.tree
+        budget, cands, tree, est = drafted.budget, drafted.candidates, drafted.tree, self.estimates
         emitted = verdict.counts * state.live  # finished rows waiting in the batch emit nothing
         if judged is not None:
-            self.keep_learned(learn(verdict, tree, state.live, self.observed, self.predicted, self.lookup_rate(),
-                                    drafted.lookup, self.reading_rate, self.settings(budget - 1, state.params)))
+            self.keep_learned(learn(verdict, tree, state.live, est.observed, est.predicted, est.lookup_rate(),
+                                    drafted.lookup, est.reading_rate, self.settings(budget - 1, state.params)))
         elif drafted.lookup is not None:  # drafted, then decoded plain: the emitted token still says how the chain did
-            self.lookup_acceptance.update(drafted.lookup, verdict.tokens, emitted)
+            est.lookup_acceptance.update(drafted.lookup, verdict.tokens, emitted)
         if drafted.suffix is not None:
             self.suffix.learn(drafted.suffix, verdict.tokens, emitted)
         self.step_log.budget_per_step.append(budget)
@@ -351,18 +343,15 @@ class SpeculativeDecoder:
 
     def keep_learned(self, learned: Learned) -> None:
         """Keep what a tree pass taught (`step.learn`) as the decoder's running estimates and counts."""
-        with torch.inference_mode(False):  # the decoder's own estimates outlive the generate call
-            self.observed, self.predicted = learned.observed.clone(), learned.predicted.clone()
-            self.reading_rate = learned.reading_rate.clone()
-            if learned.lookup_rate is not None:
-                self.lookup_acceptance.rate = learned.lookup_rate.clone()
+        self.estimates.keep(learned)
         self.pass_counts.totals += learned.pass_increments
 
     def sync_free_tree_step(self, state: DecodeState, budget: int) -> StepResult:
         """A sync-free tree step of `budget` nodes (the tree gate reads its counts every READ_EVERY
         steps), then what it taught: the calibration, the lookup chain's acceptance, the counts."""
-        ran = self.sync_free(self.model, self.heads, self.verify, state, budget, self.observed, self.predicted,
-                             self.lookup_rate(), self.reading_rate, self.settings(self.sync_free.drafts, state.params))
+        est = self.estimates
+        ran = self.sync_free(self.model, self.heads, self.verify, state, budget, est.observed, est.predicted,
+                             est.lookup_rate(), est.reading_rate, self.settings(self.sync_free.drafts, state.params))
         judged = ran.judged
         self.keep_learned(judged.learned)
         if self.gate is not None:
