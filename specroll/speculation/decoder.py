@@ -104,7 +104,7 @@ class SpeculativeDecoder:
         self.would_be: WouldBeTrees | None = None  # set with the heads (trees as deep as they draft)
         self.plain_steps_since_would_be = 0
         heads = heads if heads is not None else initial_heads(model, cfg)
-        # The sibling and history sources; the history outlives generate calls (`remember_responses`).
+        # The sibling and history sources; the history outlives generate calls (`learn_from_responses`).
         self.suffix = (SuffixDrafts(cfg.sibling_lookup, cfg.history_lookup, cfg.lookup_ngram,
                                     cfg.history_tokens_per_prompt, cfg.history_tokens, cfg.calibration_momentum,
                                     cfg.tree_depth(heads.num_heads), device)
@@ -288,12 +288,6 @@ class SpeculativeDecoder:
                                    draws, est.reading_rate)
         return Drafts(cands, lookup, suffix)
 
-    def remember_responses(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> None:
-        """Keep a generate call's responses (prompt-major, `group_size` per prompt) for history
-        lookup (nothing when it is off)."""
-        if self.suffix is not None:
-            self.suffix.remember(prompts, responses, group_size)
-
     def verify_pass(self, state: DecodeState, drafted: DraftedTree) -> Judged:
         """Verify and judge (steps 2 and 3) at the tree's node bucket: the accepted paths kept in
         the cache, the state moved past them."""
@@ -376,7 +370,10 @@ class SpeculativeDecoder:
         return self.heads.version
 
     def learn_from_responses(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> None:
-        self.remember_responses(prompts, responses, group_size)
+        """Keep a generate call's responses (prompt-major, `group_size` per prompt) for history
+        lookup (nothing when it is off)."""
+        if self.suffix is not None:
+            self.suffix.remember(prompts, responses, group_size)
 
     def pop_drafter_update(self) -> None:
         return None  # its heads learn on the slow path, from `pop_head_records`
