@@ -41,20 +41,15 @@ from .step import (
     Learned,
     StepSettings,
     SyncFreeTreeStep,
-    accepted_width,
     candidates,
     drafted_tree,
-    judge,
     learn,
-    moved_past,
-    node_bucket,
     runs_sync_free_trees,
     step_settings,
     sync_free_bucket,
     sync_free_buckets,
     tree_forward,
-    tree_inputs,
-    verify,
+    verify_and_judge,
 )
 from .verification.pass_counts import PassCounts
 from .verification.pass_stats import StepLog, tree_stats
@@ -243,7 +238,8 @@ class SpeculativeDecoder:
         batch = state.last_tokens.shape[0]  # finished rows included before a sync-free step
         drafted = self.drafted_tree(state)
         t1 = time.perf_counter()
-        judged = self.verify_pass(state, drafted) if drafted.budget > 1 else None
+        judged = (verify_and_judge(self.verify_forward, self.model, self.verify, state, drafted, self.cfg.max_nodes,
+                                   self.depth) if drafted.budget > 1 else None)
         verdict = judged.verdict if judged is not None else self.plain_pass(state)
         t2 = time.perf_counter()
         self.learn_from_pass(state, drafted, verdict, judged)
@@ -287,18 +283,6 @@ class SpeculativeDecoder:
                                    sketch, self.cfg.head_drafts, () if suffix is None else self.suffix.scored(suffix),
                                    draws, est.reading_rate)
         return Drafts(cands, lookup, suffix)
-
-    def verify_pass(self, state: DecodeState, drafted: DraftedTree) -> Judged:
-        """Verify and judge (steps 2 and 3) at the tree's node bucket: the accepted paths kept in
-        the cache, the state moved past them."""
-        budget, depth = drafted.budget, self.depth
-        inputs = tree_inputs(drafted.roots, drafted.tree, drafted.lookup, node_bucket(budget, self.cfg.max_nodes), depth)
-        logits, hidden = verify(self.verify_forward, self.model, state, inputs)
-        width = accepted_width(budget, depth)
-        judged = judge(self.verify, drafted.tree, logits, hidden, state.cache, state.live, state.rng.keys,
-                       state.rng.counters, state.params, depth, width)
-        moved_past(state, judged.last_hidden, judged.counters, width)
-        return judged
 
     def plain_pass(self, state: DecodeState) -> Verdict:
         """A root-only step is the plain decode step (compiled where that is on), so a step that
