@@ -3,8 +3,8 @@ believe the heads (their calibration per depth, and by rank and margin where dra
 coming draws) and how often the context lookup chain is accepted.
 
 Every step drafts by them (`step.candidates`) and learns them anew (`step.learn`, and the
-sync-free step's judged tree); a would-be tree's verdict calibrates the heads too. Heads of other
-depth or form start them afresh at their priors, sized by the trees' depth.
+sync-free step's judged tree); a would-be tree's verdict calibrates the heads too. Heads other than
+a later version of those drafting start them afresh at their priors, sized by the trees' depth.
 """
 from __future__ import annotations
 
