@@ -43,8 +43,8 @@ def decode_matches_plain(model, engine: RolloutEngine) -> SamplingParams:
 
 def assert_sized_by(decoder: SpeculativeDecoder, depth: int) -> None:
     assert decoder.depth == depth
-    assert decoder.observed.shape == decoder.predicted.shape == (depth,)
-    assert decoder.lookup_acceptance.rate.shape[-1] == depth
+    assert decoder.estimates.observed.shape == decoder.estimates.predicted.shape == (depth,)
+    assert decoder.estimates.lookup_acceptance.rate.shape[-1] == depth
     assert decoder.pass_counts.max_depth == depth
 
 
@@ -100,4 +100,4 @@ def test_max_depth_deeper_than_the_heads_is_refused(model):
     kept = decoder.heads
     with pytest.raises(ValueError, match=r"^max_depth must be null or <= the heads' depth \(2\), got 3"):
         decoder.set_heads(random_heads(model, 2))
-    assert decoder.heads is kept and decoder.depth == 3 and decoder.observed.shape == (3,)
+    assert decoder.heads is kept and decoder.depth == 3 and decoder.estimates.observed.shape == (3,)

@@ -226,12 +226,12 @@ def speculative_rollout(model, heads, setting: Setting, rule=verify_tree, noise=
     if setting.gate_probe_every is not None:
         gated_profile(engine.decoder)
     if setting.lookup == "first":  # chains ranked first and never re-estimated
-        engine.decoder.lookup_acceptance.rate.fill_(1.0)
-        engine.decoder.lookup_acceptance.momentum = 1.0
+        engine.decoder.estimates.lookup_acceptance.rate.fill_(1.0)
+        engine.decoder.estimates.lookup_acceptance.momentum = 1.0
     params = SamplingParams(n=setting.n, max_new_tokens=NEW_TOKENS, seed=0, **setting.sampling)
     for call in range(setting.history_calls):
         earlier = engine.generate(PROMPTS, replace(params, seed=100 + call))
-        engine.decoder.remember_responses(PROMPTS, earlier.token_ids, setting.n)
+        engine.decoder.learn_from_responses(PROMPTS, earlier.token_ids, setting.n)
     recorder = DecisionRecorder(engine, [len(p) for p in PROMPTS], setting.n, rule)
     with pytest.MonkeyPatch.context() as patch, sampler_candidates(setting):
         if noise is not None:

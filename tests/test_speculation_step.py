@@ -65,10 +65,10 @@ def test_the_reading_and_the_sync_free_tree_step_agree(model, fixed_nodes, conte
         assert torch.equal(read_state.rng.counters, free_state.rng.counters)
         assert read_state.cached_bound == free_state.cached_bound
         # What the pass taught.
-        torch.testing.assert_close(reading.observed, sync_free.observed)
-        torch.testing.assert_close(reading.predicted, sync_free.predicted)
-        torch.testing.assert_close(reading.lookup_acceptance.rate, sync_free.lookup_acceptance.rate)
+        torch.testing.assert_close(reading.estimates.observed, sync_free.estimates.observed)
+        torch.testing.assert_close(reading.estimates.predicted, sync_free.estimates.predicted)
+        torch.testing.assert_close(reading.estimates.lookup_acceptance.rate, sync_free.estimates.lookup_acceptance.rate)
         assert torch.equal(reading.pass_counts.totals, sync_free.pass_counts.totals)
     assert longest == min(fixed_nodes, 4 + 1)  # a tree accepted as deep as 4 heads draft, and the bonus token
-    assert not torch.equal(reading.observed, torch.ones(4))  # and the calibration moved
+    assert not torch.equal(reading.estimates.observed, torch.ones(4))  # and the calibration moved
     assert reading.step_log.budget_per_step == sync_free.step_log.budget_per_step

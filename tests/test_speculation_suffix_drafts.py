@@ -41,7 +41,7 @@ def test_history_drafts_carry_a_repeated_prompt_to_full_depth(model):
     its own, and nearly every verify pass accepts the whole chain (4 drafts and the bonus token)."""
     spec = engine(model, head_drafts=False, context_lookup=False, history_lookup=True)
     first = spec.generate(PROMPTS, greedy())
-    spec.decoder.remember_responses(PROMPTS, first.token_ids, GROUP)
+    spec.decoder.learn_from_responses(PROMPTS, first.token_ids, GROUP)
     second = spec.generate(PROMPTS, greedy(seed=1))
     assert second.token_ids == first.token_ids
     assert first.stats.tree.tokens_per_step_mean == 1.0  # nothing to draft from yet
@@ -53,13 +53,13 @@ def test_t1_responses_are_the_plain_ones_with_every_source_on(model):
     spec = engine(model, sibling_lookup=True, history_lookup=True)
     for _ in range(2):
         out = spec.generate(PROMPTS, params)
-        spec.decoder.remember_responses(PROMPTS, out.token_ids, GROUP)
+        spec.decoder.learn_from_responses(PROMPTS, out.token_ids, GROUP)
         assert out.token_ids == RolloutEngine(model).generate(PROMPTS, params).token_ids
 
 
 def test_history_is_kept_per_prompt_with_its_bounds(model):
     spec = engine(model, history_lookup=True, history_tokens_per_prompt=60, history_tokens=60)
-    spec.decoder.remember_responses(PROMPTS, [[7] * 20] * (2 * GROUP), GROUP)
+    spec.decoder.learn_from_responses(PROMPTS, [[7] * 20] * (2 * GROUP), GROUP)
     state = spec.decoder.suffix.history_state()
     # Each text is the prompt's last lookup_ngram tokens and the response; 23 tokens: two fit per
     # in all, and the first prompt's texts are the oldest, evicted for the second's.

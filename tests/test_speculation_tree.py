@@ -435,14 +435,16 @@ def test_a_later_version_of_the_heads_keeps_the_drafting_estimates(model):
     decoder, heads = engine.decoder, random_heads(model, "path")
     decoder.set_heads(heads)
     engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=20))
-    observed, predicted = decoder.observed.clone(), decoder.predicted.clone()
+    observed, predicted = decoder.estimates.observed.clone(), decoder.estimates.predicted.clone()
     assert not torch.equal(observed, torch.ones(3))  # calibrated by the verify passes
     update = copy.deepcopy(heads)
     update.version = heads.version + 1
     decoder.set_heads(update)
-    assert decoder.heads is update and torch.equal(decoder.observed, observed) and torch.equal(decoder.predicted, predicted)
+    kept = decoder.estimates
+    assert decoder.heads is update and torch.equal(kept.observed, observed) and torch.equal(kept.predicted, predicted)
     decoder.set_heads(random_heads(model, "path", seed=1))  # other heads (version 0) start afresh
-    assert torch.equal(decoder.observed, torch.ones(3)) and torch.equal(decoder.predicted, torch.ones(3))
+    fresh = decoder.estimates
+    assert torch.equal(fresh.observed, torch.ones(3)) and torch.equal(fresh.predicted, torch.ones(3))
 
 
 def cost_model_engine(model, tmp_path, monkeypatch, latency_s) -> tuple[RolloutEngine, list[int]]:
@@ -468,7 +470,7 @@ def test_cost_model_probes_rarely_where_the_heads_never_pay(model, tmp_path, mon
     # Perfect drafts would pay (2 tokens for 1.5 steps' time), so probes stay on ...
     engine, drafted_at = cost_model_engine(model, tmp_path, monkeypatch, [[1.0, 1.5, 2.5, 4.5], [2.0, 3.0, 5.0, 9.0]])
     decoder, prof = engine.decoder, engine.decoder.profile
-    decoder.observed.fill_(0.01)  # ... but these heads' drafts are believed almost never accepted.
+    decoder.estimates.observed.fill_(0.01)  # ... but these heads' drafts are believed almost never accepted.
     out = engine.generate([[9, 10, 11]], SamplingParams(temperature=0, max_new_tokens=61))  # 60 decode steps
     assert out.stats.tree.verify_steps == 60 and set(out.stats.tree.budget_per_step) == {1}
     # Probing every DRAFT_PROBE_EVERY steps would draft 12 times.

@@ -125,7 +125,7 @@ def decode_epochs(engine: RolloutEngine, prompts, sampling: tuple[float, float],
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=args.max_new_tokens,
                                 n=args.group, seed=args.seed + epoch, sampler=args.sampler)
         out = engine.generate(prompts, params)
-        engine.decoder.remember_responses(prompts, out.token_ids, args.group)
+        engine.decoder.learn_from_responses(prompts, out.token_ids, args.group)
         bar.update()
         runs.append((params, out))
     return runs

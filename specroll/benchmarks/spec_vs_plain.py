@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> dict:
                 off_out, off_wall = calls[engines[-1]]
                 off_pairs.append((off_out.stats.tokens / off_wall, calls[spec_engine][0].stats.tokens / calls[spec_engine][1]))
             (plain_out, plain_wall), (out, wall) = calls[plain_engine], calls[spec_engine]
-            spec_engine.decoder.remember_responses(prompts, out.token_ids, n)  # history lookup's, for the next repeat
+            spec_engine.decoder.learn_from_responses(prompts, out.token_ids, n)  # history lookup's, for the next repeat
             pairs.append((plain_out.stats.tokens / plain_wall, out.stats.tokens / wall))
             same += sum(a == b for a, b in zip(plain_out.token_ids, out.token_ids))
             responses += len(out.token_ids)

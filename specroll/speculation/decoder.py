@@ -3,10 +3,10 @@
 Plugs into `RolloutEngine` like the plain decoder (`rollout.decoder.Decoder`): it feeds each row's
 last sampled token (the root) plus its draft tree, and returns the accepted tokens and the bonus
 token. The step itself, draft -> verify -> judge -> learn, is `speculation/step.py`; this decoder
-sizes each step's tree (its node budget), keeps the drafters' running estimates and the step
-counts between steps, and adds what a step that reads on the host learns besides (Reflex, the
-slow path's records, sibling and history lookup). Where the budget decodes plain, would-be trees
-are scored against the emitted tokens (`verification.would_be`).
+sizes each step's tree (its node budget), keeps the drafters' running estimates (`estimates`)
+and the step counts between steps, and adds what a step that reads on the host learns besides
+(Reflex, the slow path's records, sibling and history lookup). Where the budget decodes plain,
+would-be trees are scored against the emitted tokens (`verification.would_be`).
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ from .budgets.tree_gate import TreeGate
 from .config import SpeculationConfig
 from .drafting.heads import HorizonHeads, shipped_heads
 from .drafting.heads_state import HeadsState
-from .drafting.lookup import LookupAcceptance
-from .drafting.reading import node_draws, reading_prior
+from .drafting.reading import node_draws
 from .drafting.suffix_drafts import SuffixDrafts
+from .estimates import RunningEstimates
 from .step import (
     Drafts,
     DraftedTree,
@@ -41,20 +41,15 @@ from .step import (
     Learned,
     StepSettings,
     SyncFreeTreeStep,
-    accepted_width,
     candidates,
     drafted_tree,
-    judge,
     learn,
-    moved_past,
-    node_bucket,
     runs_sync_free_trees,
     step_settings,
     sync_free_bucket,
     sync_free_buckets,
     tree_forward,
-    tree_inputs,
-    verify,
+    verify_and_judge,
 )
 from .verification.pass_counts import PassCounts
 from .verification.pass_stats import StepLog, tree_stats
@@ -104,7 +99,7 @@ class SpeculativeDecoder:
         self.would_be: WouldBeTrees | None = None  # set with the heads (trees as deep as they draft)
         self.plain_steps_since_would_be = 0
         heads = heads if heads is not None else initial_heads(model, cfg)
-        # The sibling and history sources; the history outlives generate calls (`remember_responses`).
+        # The sibling and history sources; the history outlives generate calls (`learn_from_responses`).
         self.suffix = (SuffixDrafts(cfg.sibling_lookup, cfg.history_lookup, cfg.lookup_ngram,
                                     cfg.history_tokens_per_prompt, cfg.history_tokens, cfg.calibration_momentum,
                                     cfg.tree_depth(heads.num_heads), device)
@@ -155,16 +150,11 @@ class SpeculativeDecoder:
         """The heads' calibration, the cost model's and the lookup's estimates at their priors."""
         device, depth, cfg = next(self.model.parameters()).device, self.depth, self.cfg
         self.would_be = WouldBeTrees(cfg.fixed_nodes, depth, device) if cfg.scores_would_be else None
-        # Per-depth calibration of head probabilities: observed / predicted acceptance (EMAs).
-        self.observed = torch.ones(depth, device=device)
-        self.predicted = torch.ones(depth, device=device)
-        # Drafts that read the coming draws: how often a child of each rank and margin was the draw.
-        self.reading_rate = reading_prior(depth, cfg.max_children, device)
+        self.estimates = RunningEstimates(cfg, depth, device)
         if self.cost_model is not None:
             self.cost_model.restart(depth)
         if self.gate is not None:
             self.gate.reset()
-        self.lookup_acceptance = LookupAcceptance(self.cfg.lookup_ngram, depth, self.cfg.calibration_momentum, device)
         if self.suffix is not None:
             self.suffix.restart_estimates(depth, self.cfg.calibration_momentum)
         if self.records is not None:
@@ -235,11 +225,7 @@ class SpeculativeDecoder:
 
     def settings(self, drafts: int, params: SamplingParams) -> StepSettings:
         """What a step drafting `drafts` candidates per depth, sampling by `params`, reads besides tensors."""
-        return step_settings(self.cfg, drafts, self.depth, self.lookup_acceptance.momentum, params)
-
-    def lookup_rate(self) -> torch.Tensor | None:
-        """The context lookup chain's acceptance estimates (None: no context lookup)."""
-        return self.lookup_acceptance.rate if self.cfg.context_lookup else None
+        return step_settings(self.cfg, drafts, self.depth, self.estimates.lookup_acceptance.momentum, params)
 
     @torch.inference_mode()
     def step(self, state: DecodeState) -> StepResult:
@@ -252,7 +238,8 @@ class SpeculativeDecoder:
         batch = state.last_tokens.shape[0]  # finished rows included before a sync-free step
         drafted = self.drafted_tree(state)
         t1 = time.perf_counter()
-        judged = self.verify_pass(state, drafted) if drafted.budget > 1 else None
+        judged = (verify_and_judge(self.verify_forward, self.model, self.verify, state, drafted, self.cfg.max_nodes,
+                                   self.depth) if drafted.budget > 1 else None)
         verdict = judged.verdict if judged is not None else self.plain_pass(state)
         t2 = time.perf_counter()
         self.learn_from_pass(state, drafted, verdict, judged)
@@ -290,29 +277,12 @@ class SpeculativeDecoder:
         adjust = self.reflex.correction(state) if self.reflex is not None and self.cfg.head_drafts else None
         settings = self.settings(max_drafts, state.params)
         draws = node_draws(state.rng.keys, state.rng.counters, self.depth) if settings.reading is not None else None
-        cands, lookup = candidates(self.heads, self.model, state.last_tokens, state.last_hidden,
-                                   (self.observed / self.predicted).log(), state.history.tokens, state.history.lengths,
-                                   self.lookup_rate(), settings, adjust, sketch, self.cfg.head_drafts,
-                                   () if suffix is None else self.suffix.scored(suffix), draws, self.reading_rate)
+        est = self.estimates
+        cands, lookup = candidates(self.heads, self.model, state.last_tokens, state.last_hidden, est.calibration(),
+                                   state.history.tokens, state.history.lengths, est.lookup_rate(), settings, adjust,
+                                   sketch, self.cfg.head_drafts, () if suffix is None else self.suffix.scored(suffix),
+                                   draws, est.reading_rate)
         return Drafts(cands, lookup, suffix)
-
-    def remember_responses(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> None:
-        """Keep a generate call's responses (prompt-major, `group_size` per prompt) for history
-        lookup (nothing when it is off)."""
-        if self.suffix is not None:
-            self.suffix.remember(prompts, responses, group_size)
-
-    def verify_pass(self, state: DecodeState, drafted: DraftedTree) -> Judged:
-        """Verify and judge (steps 2 and 3) at the tree's node bucket: the accepted paths kept in
-        the cache, the state moved past them."""
-        budget, depth = drafted.budget, self.depth
-        inputs = tree_inputs(drafted.roots, drafted.tree, drafted.lookup, node_bucket(budget, self.cfg.max_nodes), depth)
-        logits, hidden = verify(self.verify_forward, self.model, state, inputs)
-        width = accepted_width(budget, depth)
-        judged = judge(self.verify, drafted.tree, logits, hidden, state.cache, state.live, state.rng.keys,
-                       state.rng.counters, state.params, depth, width)
-        moved_past(state, judged.last_hidden, judged.counters, width)
-        return judged
 
     def plain_pass(self, state: DecodeState) -> Verdict:
         """A root-only step is the plain decode step (compiled where that is on), so a step that
@@ -328,13 +298,13 @@ class SpeculativeDecoder:
         """Learn (step 4) from a pass (`judged`: None after a plain step): the heads' calibration, the
         lookup chains' acceptance, the pass counts, and where on, Reflex's fast state and the slow
         path's head records."""
-        budget, cands, tree = drafted.budget, drafted.candidates, drafted.tree
+        budget, cands, tree, est = drafted.budget, drafted.candidates, drafted.tree, self.estimates
         emitted = verdict.counts * state.live  # finished rows waiting in the batch emit nothing
         if judged is not None:
-            self.keep_learned(learn(verdict, tree, state.live, self.observed, self.predicted, self.lookup_rate(),
-                                    drafted.lookup, self.reading_rate, self.settings(budget - 1, state.params)))
+            self.keep_learned(learn(verdict, tree, state.live, est.observed, est.predicted, est.lookup_rate(),
+                                    drafted.lookup, est.reading_rate, self.settings(budget - 1, state.params)))
         elif drafted.lookup is not None:  # drafted, then decoded plain: the emitted token still says how the chain did
-            self.lookup_acceptance.update(drafted.lookup, verdict.tokens, emitted)
+            est.lookup_acceptance.update(drafted.lookup, verdict.tokens, emitted)
         if drafted.suffix is not None:
             self.suffix.learn(drafted.suffix, verdict.tokens, emitted)
         self.step_log.budget_per_step.append(budget)
@@ -351,18 +321,15 @@ class SpeculativeDecoder:
 
     def keep_learned(self, learned: Learned) -> None:
         """Keep what a tree pass taught (`step.learn`) as the decoder's running estimates and counts."""
-        with torch.inference_mode(False):  # the decoder's own estimates outlive the generate call
-            self.observed, self.predicted = learned.observed.clone(), learned.predicted.clone()
-            self.reading_rate = learned.reading_rate.clone()
-            if learned.lookup_rate is not None:
-                self.lookup_acceptance.rate = learned.lookup_rate.clone()
+        self.estimates.keep(learned)
         self.pass_counts.totals += learned.pass_increments
 
     def sync_free_tree_step(self, state: DecodeState, budget: int) -> StepResult:
         """A sync-free tree step of `budget` nodes (the tree gate reads its counts every READ_EVERY
         steps), then what it taught: the calibration, the lookup chain's acceptance, the counts."""
-        ran = self.sync_free(self.model, self.heads, self.verify, state, budget, self.observed, self.predicted,
-                             self.lookup_rate(), self.reading_rate, self.settings(self.sync_free.drafts, state.params))
+        est = self.estimates
+        ran = self.sync_free(self.model, self.heads, self.verify, state, budget, est.observed, est.predicted,
+                             est.lookup_rate(), est.reading_rate, self.settings(self.sync_free.drafts, state.params))
         judged = ran.judged
         self.keep_learned(judged.learned)
         if self.gate is not None:
@@ -387,7 +354,10 @@ class SpeculativeDecoder:
         return self.heads.version
 
     def learn_from_responses(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> None:
-        self.remember_responses(prompts, responses, group_size)
+        """Keep a generate call's responses (prompt-major, `group_size` per prompt) for history
+        lookup (nothing when it is off)."""
+        if self.suffix is not None:
+            self.suffix.remember(prompts, responses, group_size)
 
     def pop_drafter_update(self) -> None:
         return None  # its heads learn on the slow path, from `pop_head_records`

@@ -234,6 +234,19 @@ def moved_past(state: DecodeState, last_hidden: torch.Tensor, counters: torch.Te
     state.cached_bound += width
 
 
+def verify_and_judge(forward: StepFunction, model, rule, state: DecodeState, drafted: DraftedTree, max_nodes: int,
+                     depth: int) -> Judged:
+    """Verify and judge (2 and 3) the step's `drafted` tree at its node bucket, the way a step that
+    reads on the host does: the accepted paths kept in the cache, the state moved past them."""
+    inputs = tree_inputs(drafted.roots, drafted.tree, drafted.lookup, node_bucket(drafted.budget, max_nodes), depth)
+    logits, hidden = verify(forward, model, state, inputs)
+    width = accepted_width(drafted.budget, depth)
+    judged = judge(rule, drafted.tree, logits, hidden, state.cache, state.live, state.rng.keys, state.rng.counters,
+                   state.params, depth, width)
+    moved_past(state, judged.last_hidden, judged.counters, width)
+    return judged
+
+
 # 4. Learn
 
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from specroll.rollout.decode_state import DecodeState, StepResult
 
 from ..drafting.tree import Candidates, select_tree
-from ..step import calibrated
 from .would_be import node_ranks
 
 
@@ -51,7 +48,5 @@ def scored_would_be(decoder, state: DecodeState, step: StepResult) -> StepResult
         done = decoder.would_be.advance(state.row_ids, step.tokens, step.counts * state.live)
         if done is None:
             return step
-        with torch.inference_mode(False):  # the decoder's own estimates outlive the generate call
-            decoder.observed, decoder.predicted = (t.clone() for t in calibrated(
-                decoder.observed, decoder.predicted, done, done.done, decoder.cfg.calibration_momentum))
+        decoder.estimates.calibrate(done, done.done, decoder.cfg.calibration_momentum)
     return step
