@@ -27,7 +27,7 @@ def groups_with_signal(rewards: list[float], group_size: int) -> list[bool]:
     return [any(r != group[0] for r in group) for group in groups]
 
 
-class Decision(NamedTuple):
+class RoundOutcome(NamedTuple):
     """What a step does after a sampling round."""
 
     sample_more: int  # prompts the next round draws; 0: no more rounds
@@ -35,16 +35,16 @@ class Decision(NamedTuple):
     skip: bool  # no update this step
 
 
-def decide(kept: int, target: int, rounds_done: int, cfg: DynamicSamplingConfig, ranks: int) -> Decision:
+def decide(kept: int, target: int, rounds_done: int, cfg: DynamicSamplingConfig, ranks: int) -> RoundOutcome:
     """After `rounds_done` extra rounds with `kept` groups with signal: sample again, or train on the
     first `target` of them, or, at the cap, on as many as the `ranks` learner ranks share equally
     (`at_cap=train`), or skip the step (`at_cap=skip`, or none to share)."""
     if kept >= target:
-        return Decision(0, target, False)
+        return RoundOutcome(0, target, False)
     if rounds_done < cfg.max_extra_rounds:
-        return Decision(cfg.round_prompts or target - kept, 0, False)
+        return RoundOutcome(cfg.round_prompts or target - kept, 0, False)
     keep = kept - kept % ranks if cfg.at_cap == "train" else 0
-    return Decision(0, keep, keep == 0)
+    return RoundOutcome(0, keep, keep == 0)
 
 
 class FilledBatch(NamedTuple):

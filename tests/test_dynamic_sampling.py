@@ -7,7 +7,7 @@ import pytest
 from specroll.actors import Rollouts
 from specroll.configs import DynamicSamplingConfig
 from specroll.data import Problem, PromptStream
-from specroll.dynamic_sampling import Decision, decide, fill_batch, groups_with_signal
+from specroll.dynamic_sampling import RoundOutcome, decide, fill_batch, groups_with_signal
 from specroll.telemetry import metric_names as m
 
 
@@ -20,13 +20,13 @@ def test_a_group_has_signal_when_two_of_its_rewards_differ():
 
 
 @pytest.mark.parametrize("kept, rounds_done, cfg, ranks, expected", [
-    (4, 0, DynamicSamplingConfig(enabled=True), 1, Decision(0, 4, False)),  # full at once
-    (6, 1, DynamicSamplingConfig(enabled=True), 1, Decision(0, 4, False)),  # the first 4 of 6
-    (1, 0, DynamicSamplingConfig(enabled=True), 1, Decision(3, 0, False)),  # as many as missing
-    (1, 3, DynamicSamplingConfig(enabled=True, round_prompts=8, max_extra_rounds=4), 1, Decision(8, 0, False)),
-    (3, 4, DynamicSamplingConfig(enabled=True), 2, Decision(0, 2, False)),  # at the cap: what two ranks share
-    (1, 4, DynamicSamplingConfig(enabled=True), 2, Decision(0, 0, True)),  # ... none: skipped
-    (3, 0, DynamicSamplingConfig(enabled=True, max_extra_rounds=0, at_cap="skip"), 1, Decision(0, 0, True)),
+    (4, 0, DynamicSamplingConfig(enabled=True), 1, RoundOutcome(0, 4, False)),  # full at once
+    (6, 1, DynamicSamplingConfig(enabled=True), 1, RoundOutcome(0, 4, False)),  # the first 4 of 6
+    (1, 0, DynamicSamplingConfig(enabled=True), 1, RoundOutcome(3, 0, False)),  # as many as missing
+    (1, 3, DynamicSamplingConfig(enabled=True, round_prompts=8, max_extra_rounds=4), 1, RoundOutcome(8, 0, False)),
+    (3, 4, DynamicSamplingConfig(enabled=True), 2, RoundOutcome(0, 2, False)),  # at the cap: what two ranks share
+    (1, 4, DynamicSamplingConfig(enabled=True), 2, RoundOutcome(0, 0, True)),  # ... none: skipped
+    (3, 0, DynamicSamplingConfig(enabled=True, max_extra_rounds=0, at_cap="skip"), 1, RoundOutcome(0, 0, True)),
 ])
 def test_after_a_round_a_step_samples_more_trains_or_skips(kept, rounds_done, cfg, ranks, expected):
     assert decide(kept, 4, rounds_done, cfg, ranks) == expected
